@@ -1,0 +1,71 @@
+"""tether: durable LLM agent runs.
+
+Every step of a run is journaled as it happens; any process that knows a run's id resumes it after a
+crash, and a finished tool never runs again.
+"""
+
+from __future__ import annotations
+
+from ._events import EntryEvent, Event, Reset, TextDelta
+from .agent import Agent, handle_sigterm
+from .errors import (
+    ConflictError,
+    CorruptJournalError,
+    LeaseLostError,
+    ModelError,
+    NewerFormatError,
+    RunBusyError,
+    RunNotFoundError,
+    StoreBrokenError,
+    TetherError,
+)
+from .inbox import InboxItem
+from .messages import Message
+from .models import Model, ModelReply, ModelRequest
+from .permissions import Rule, allow, ask, deny
+from .state import OpenCall, PendingApproval, State
+from .stores import FileStore, Lease, MemoryStore, Owner, RunInfo, Store, open_store
+from .tools import Tool, ToolContext, ToolInputError, tool
+
+__all__ = [
+    "Agent",
+    "ConflictError",
+    "CorruptJournalError",
+    "EntryEvent",
+    "Event",
+    "FileStore",
+    "InboxItem",
+    "Lease",
+    "LeaseLostError",
+    "MemoryStore",
+    "Message",
+    "Model",
+    "ModelError",
+    "ModelReply",
+    "ModelRequest",
+    "NewerFormatError",
+    "OpenCall",
+    "Owner",
+    "PendingApproval",
+    "Reset",
+    "Rule",
+    "RunBusyError",
+    "RunInfo",
+    "RunNotFoundError",
+    "State",
+    "Store",
+    "StoreBrokenError",
+    "TetherError",
+    "TextDelta",
+    "Tool",
+    "ToolContext",
+    "ToolInputError",
+    "allow",
+    "ask",
+    "deny",
+    "handle_sigterm",
+    "open_store",
+    "tool",
+]
+
+__version__ = "0.1.0"

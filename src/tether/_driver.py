@@ -1,0 +1,671 @@
+"""The driver: takes a held run to its next stop (DESIGN 5, DURABILITY 1-2).
+
+One ``Drive`` per driven run. It consumes the inbox first, recovers open calls from what the journal
+recorded, then loops: run the calls that can run, or ask the model, until the run completes, fails, waits
+for a person, or is interrupted. Entries are queued on the State and appended by ``flush`` (one append at a
+time; whatever was queued meanwhile goes into the next one: group commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import journal as j
+from ._events import EntryEvent, Event, Reset, TextDelta
+from .context import build_request
+from .errors import LeaseLostError
+from .inbox import InboxItem, close_denied, close_open_calls, consume
+from .models.base import ModelReply
+from .state import ABORTED_UNKNOWN, State
+from .stores.base import Lease, Store
+from .tools import Tool, ToolContext, ToolInputError, result_to_blocks
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+__all__ = ["Drive"]
+
+log = logging.getLogger("tether")
+
+_TERMINAL = frozenset({"completed", "cancelled", "failed", "stopped"})
+_RETRY_EFFECTS = frozenset({"read_only", "idempotent"})
+_SIGTERM = threading.Event()
+_ACTIVE: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
+
+
+def sigterm_received() -> bool:
+    """Whether ``handle_sigterm``'s handler has fired in this process."""
+    return _SIGTERM.is_set()
+
+
+def cancel_all_drives() -> None:
+    """Cancel every drive of this process (thread-safe; used by the SIGTERM handler)."""
+    _SIGTERM.set()
+    for loop, task in list(_ACTIVE):
+        loop.call_soon_threadsafe(task.cancel)
+
+
+class _Renewer(threading.Thread):
+    """Renews a ttl lease every ttl/4 from its own thread; cancels the drive after ttl/2 without success."""
+
+    def __init__(self, store: Store, lease: Lease, ttl: float, on_lost: Callable[[], None]) -> None:
+        super().__init__(name=f"tether-renew-{lease.run_id}", daemon=True)
+        self.store, self.lease, self.ttl, self.on_lost = store, lease, ttl, on_lost
+        self.last_ok = time.monotonic()
+        self.stop_event = threading.Event()
+        self.lost = False
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.ttl / 4):
+            try:
+                self.lease = self.store.renew(self.lease)
+                self.last_ok = time.monotonic()
+            except LeaseLostError:
+                self.lost = True
+            except Exception as exc:  # a failed renewal is retried; too many stop the drive below
+                log.warning("renewing run %s failed: %s", self.lease.run_id, exc)
+            if self.lost or time.monotonic() - self.last_ok > self.ttl / 2:
+                self.lost = True
+                self.on_lost()
+                return
+
+    def fresh(self) -> bool:
+        """Whether the last successful renewal is younger than ttl/2 (a tool may start)."""
+        return not self.lost and time.monotonic() - self.last_ok <= self.ttl / 2
+
+
+class Drive:
+    """Drives one held run to its next stop."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        store: Store,
+        state: State,
+        lease: Lease,
+        *,
+        emit: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.store = store
+        self.state = state
+        self.lease = lease
+        self.emit = emit
+        self.acted = False
+        self.stopping = False
+        self.done = False  # this drive wrote a stop
+        self.pending_items: list[InboxItem] = []  # read during a model request, journaled after the reply
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.flush_lock = asyncio.Lock()
+        self.flush_error: BaseException | None = None
+        self.renewer: _Renewer | None = None
+        self.lease_lost = False
+
+    # ----------------------------------------------------------------------------------------------
+    # Writing
+
+    def act(self) -> None:
+        """Queue ``run_resumed`` before this drive's first entry that acts."""
+        if not self.acted:
+            self.acted = True
+            host, pid = j.host_and_pid()
+            self.state.queue(j.RunResumed, writer=self.state.writer, token=self.lease.token, host=host, pid=pid)
+
+    async def flush(self) -> None:
+        """Append everything queued; an append in progress always completes, even when cancelled."""
+        async with self.flush_lock:
+            while self.state.unsaved:
+                batch = self.state.next_batch()
+                loop = asyncio.get_running_loop()
+                future = loop.run_in_executor(
+                    self.store.executor,
+                    lambda: self.store.append(
+                        self.state.id,
+                        batch,
+                        expected_seq=batch[0].seq,
+                        writer=self.state.writer,
+                        lease_token=self.lease.token,
+                        info=self.state.info(),
+                    ),
+                )
+                cancelled = False
+                while True:
+                    try:
+                        await asyncio.shield(future)
+                        break
+                    except asyncio.CancelledError:
+                        if future.done():
+                            break
+                        cancelled = True
+                if future.cancelled() or future.exception() is not None:
+                    error = future.exception() if not future.cancelled() else asyncio.CancelledError()
+                    assert error is not None
+                    if cancelled:
+                        raise asyncio.CancelledError() from error
+                    raise error
+                self.state.batch_saved()
+                if self.emit is not None:
+                    for entry in batch:
+                        self.emit(EntryEvent(entry))
+                if cancelled:
+                    raise asyncio.CancelledError()
+
+    # ----------------------------------------------------------------------------------------------
+    # The loop
+
+    async def run(self) -> State:
+        """Drive to the next stop and release the run; returns the State."""
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        assert task is not None
+        _ACTIVE.add((loop, task))
+        if self.lease.expires_at is not None and self.store.ttl:
+            self.renewer = _Renewer(self.store, self.lease, self.store.ttl, lambda: self._lost(loop, task))
+            self.renewer.start()
+        try:
+            await self._take_over()
+            while True:
+                await self._drive_until_release()
+                if await self._release():
+                    return self.state
+        except BaseException as exc:
+            await self._close_after(exc)
+            raise
+        finally:
+            _ACTIVE.discard((loop, task))
+            if self.renewer is not None:
+                self.renewer.stop_event.set()
+
+    def _lost(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        self.lease_lost = True
+        loop.call_soon_threadsafe(task.cancel)
+
+    async def _take_over(self) -> None:
+        """Consume first, then recover (DURABILITY 1.3, DESIGN 7)."""
+        await self._consume_inbox()
+        state = self.state
+        if state.status == "running" and state.resumes_since_progress >= 3:
+            self.act()
+            state.queue(
+                j.RunStopped,
+                status="failed",
+                reason="crash loop: the run was resumed 3 times without progress",
+                usage=dict(state.usage),
+            )
+            self.done = True
+            await self.flush()
+            return
+        self._check_agent()
+        self._recover()
+        await self.flush()
+
+    def _check_agent(self) -> None:
+        state, agent = self.state, self.agent
+        if not state.history:
+            return
+        fingerprint = agent.fingerprint()
+        if state.fingerprint is not None and state.fingerprint != fingerprint:
+            if agent.strict_resume:
+                raise ValueError(
+                    f"run {state.id} was started with another model, instructions or tool set. Fix: resume it "
+                    "with the agent it was started with, or pass strict_resume=False"
+                )
+            self.act()
+            state.queue(j.AgentChanged, old=state.fingerprint, new=fingerprint)
+        budgets = agent.budgets()
+        if budgets != state.budgets:
+            self.act()
+            state.queue(j.BudgetsChanged, old=state.budgets, new=budgets)
+
+    def _recover(self) -> None:
+        """Close what the journal says must be closed; calls to run stay open for the loop."""
+        state = self.state
+        for call in state.open_calls:
+            tool = self.agent.tool(call.tool)
+            record = state.call(call.call_id)
+            assert record is not None
+            if call.action == "deny":
+                self.act()
+                decision = record.decision
+                assert decision is not None
+                close_denied(state, call.call_id, decision.round, decision.by, decision.reason)
+            elif call.action == "wait":
+                continue
+            elif tool is None and call.action in ("run", "retry", "abort") and call.attempt == 0:
+                self.act()
+                state.queue(
+                    j.ToolFinished,
+                    call_id=call.call_id,
+                    outcome="input_error",
+                    content=[_text(self.agent.unknown_tool_text(call.tool))],
+                )
+            elif tool is None and call.action in ("retry", "abort"):
+                self.act()
+                state.queue(
+                    j.ToolFinished,
+                    call_id=call.call_id,
+                    outcome="aborted",
+                    content=[_text(f"aborted: tool {call.tool} is not in this agent")],
+                )
+            elif call.action == "abort":
+                if call.reason == ABORTED_UNKNOWN and self.agent.on_unknown == "ask":
+                    self.act()
+                    state.queue(
+                        j.ApprovalRequested,
+                        call_id=call.call_id,
+                        round=record.last_round + 1,
+                        tool=call.tool,
+                        args=call.args,
+                        question="the run stopped while this call ran: run it again, or report it aborted?",
+                    )
+                else:
+                    self.act()
+                    text = call.reason if call.reason.startswith("unknown") else f"aborted: {call.reason}"
+                    state.queue(j.ToolFinished, call_id=call.call_id, outcome="aborted", content=[_text(text)])
+
+    async def _drive_until_release(self) -> None:
+        state = self.state
+        while not self.done and not self.stopping:
+            status = state.status
+            if status in ("completed", "cancelled"):
+                return
+            if status == "stopped" and self.agent.budget_exceeded(state) is not None:
+                return
+            runnable = [c for c in state.open_calls if c.action in ("run", "retry")]
+            if runnable:
+                await self._run_calls([c.call_id for c in runnable])
+                continue
+            if state.open_calls:  # every open call waits for a person (or a child)
+                return
+            await self._ask()
+
+    # ----------------------------------------------------------------------------------------------
+    # The model
+
+    async def _ask(self) -> None:
+        state, agent = self.state, self.agent
+        reason = agent.budget_exceeded(state)
+        if reason is not None:
+            self.act()
+            state.queue(j.RunStopped, status="stopped", reason=reason, usage=dict(state.usage))
+            self.done = True
+            await self.flush()
+            return
+        self.act()
+        await self.flush()
+        request = build_request(state, agent.instructions, agent.tool_schemas())
+        deltas = 0
+
+        def on_text(delta: str) -> None:
+            nonlocal deltas
+            if self.emit is not None:
+                self.emit(TextDelta(request.index, deltas, delta))
+            deltas += 1
+            if agent.on_text is not None:
+                agent.on_text(delta)
+
+        if self.emit is not None and state.history and state.history[-1].kind == "model_failed":
+            self.emit(Reset(request.index))
+        ask = asyncio.ensure_future(agent.model.request(request, on_text))
+        try:
+            cancelled = await self._watch_for_cancel(ask)
+        except BaseException:
+            ask.cancel()
+            raise
+        if cancelled:
+            ask.cancel()
+            await self._consume_inbox()
+            return
+        try:
+            reply = ask.result()
+        except Exception as exc:
+            await self._model_failed(exc)
+            return
+        await self._replied(reply)
+
+    async def _watch_for_cancel(self, ask: asyncio.Future[ModelReply]) -> bool:
+        """Wait for the reply while watching the inbox for a cancel; returns True when one came."""
+        while True:
+            done, _ = await asyncio.wait({ask}, timeout=self.agent.poll_interval)
+            if done:
+                return False
+            items = await self._read_inbox()
+            if items:
+                seen = {item.inbox_seq for item in self.pending_items}
+                self.pending_items.extend(item for item in items if item.inbox_seq not in seen)
+                if any(item.type == "cancel" for item in items):
+                    return True
+
+    async def _model_failed(self, exc: Exception) -> None:
+        state, agent = self.state, self.agent
+        retryable = bool(getattr(exc, "retryable", False))
+        state.queue(j.ModelFailed, error_type=type(exc).__name__, error=str(exc)[:2000], retryable=retryable)
+        self._journal_pending_items()
+        if retryable and state.failures_since_reply <= agent.model_retries:
+            await self.flush()
+            await asyncio.sleep(agent.retry_delay_for(state.failures_since_reply, getattr(exc, "retry_after", None)))
+            return
+        reason = f"{type(exc).__name__}: {exc}"
+        state.queue(j.RunStopped, status="failed", reason=reason[:2000], usage=dict(state.usage))
+        self.done = True
+        try:
+            await self.flush()
+        except Exception as save_error:
+            exc.add_note(f"saving the run also failed: {type(save_error).__name__}: {save_error}")
+        raise exc
+
+    async def _replied(self, reply: ModelReply) -> None:
+        state, agent = self.state, self.agent
+        seq = len(state.history)
+        content: list[dict[str, Any]] = []
+        seen_provider_ids: set[str] = set()
+        index = 0
+        for block in reply.content:
+            if block.get("type") == "tool_call":
+                provider_id = block.get("provider_id")
+                if not provider_id or provider_id in seen_provider_ids:
+                    provider_id = f"tether_{seq}_{index}"
+                seen_provider_ids.add(provider_id)
+                block = {
+                    "type": "tool_call",
+                    "id": j.call_id_for(seq, index),
+                    "name": block.get("name", ""),
+                    "args": block.get("args"),
+                    "provider_id": provider_id,
+                }
+                index += 1
+            content.append(block)
+        state.queue(j.ModelReplied, content=content, stop_reason=reply.stop_reason, usage=reply.usage, model=reply.model)
+        calls = [b for b in content if b["type"] == "tool_call"]
+        for block in calls:
+            self._admit(block)
+        messages_before = len(self.pending_items)
+        self._journal_pending_items()
+        if state.status == "cancelled":
+            self.done = True
+            await self.flush()
+            return
+        if not calls and not any(i.type == "message" for i in self.pending_items[:messages_before]):
+            text = "".join(b.get("text", "") for b in content if b.get("type") == "text")
+            output = agent.parse_output(text)
+            state.queue(j.RunStopped, status="completed", answer=text, output=output, usage=dict(state.usage))
+            self.done = True
+        self.pending_items = []
+        if not any(c.action in ("run", "retry") for c in state.open_calls):
+            await self.flush()
+
+    def _admit(self, block: dict[str, Any]) -> None:
+        """Step 1-3 of DESIGN 5.2 for one call: input errors, deny rules, ask rules."""
+        state, agent = self.state, self.agent
+        call_id, name = block["id"], block["name"]
+        tool = agent.tool(name)
+        if tool is None:
+            text = agent.unknown_tool_text(name)
+            state.queue(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(text)])
+            return
+        try:
+            tool.validate(block.get("args") if block.get("args") is not None else {})
+        except ToolInputError as exc:
+            state.queue(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(str(exc))])
+            return
+        decision, reason = agent.permission_for(tool)
+        if decision == "deny":
+            state.queue(j.ToolFinished, call_id=call_id, outcome="denied", content=[_text(f"denied: {reason}")])
+        elif decision == "ask":
+            state.queue(j.ApprovalRequested, call_id=call_id, round=0, tool=name, args=block.get("args"))
+
+    # ----------------------------------------------------------------------------------------------
+    # The inbox
+
+    async def _read_inbox(self) -> list[InboxItem]:
+        state = self.state
+        known = max(state.inbox_consumed, max((i.inbox_seq for i in self.pending_items), default=-1))
+        length = await self.store.run_io(self.store.inbox_length, state.id)
+        if length <= known + 1:
+            return []
+        return await self.store.run_io(self.store.read_inbox, state.id, known)
+
+    def _journal_pending_items(self) -> None:
+        if self.pending_items:
+            consume(self.state, self.pending_items)
+
+    async def _consume_inbox(self) -> bool:
+        """Journal every unconsumed item (as the holder); returns whether there were any."""
+        items = self.pending_items + await self._read_inbox()
+        self.pending_items = []
+        if not items:
+            return False
+        consume(self.state, items)
+        self.act()
+        if self.state.status == "cancelled":
+            self.done = True
+        return True
+
+    # ----------------------------------------------------------------------------------------------
+    # Tools
+
+    async def _run_calls(self, call_ids: list[str]) -> None:
+        """Start the calls (one append with whatever is queued), run them together, poll the inbox."""
+        for call_id in call_ids:
+            self._start(call_id)
+        await self.flush()
+        for call_id in call_ids:
+            self._launch(call_id)
+        while self.tasks:
+            done, _ = await asyncio.wait(
+                set(self.tasks.values()), timeout=self.agent.poll_interval, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                self.tasks = {cid: t for cid, t in self.tasks.items() if t is not task}
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            if await self._consume_inbox():
+                if self.state.status == "cancelled":
+                    for task in self.tasks.values():
+                        task.cancel()
+                    self.tasks = {}
+                    await self.flush()
+                    return
+                started = [c.call_id for c in self.state.open_calls if c.action == "run" and c.call_id not in self.tasks]
+                for call_id in started:
+                    self._start(call_id)
+                await self.flush()
+                for call_id in started:
+                    self._launch(call_id)
+        if self.flush_error is not None:
+            self.flush_error = None
+        await self.flush()
+
+    def _can_start(self) -> bool:
+        return not self.stopping and (self.renewer is None or self.renewer.fresh())
+
+    def _start(self, call_id: str) -> None:
+        """Queue ``tool_started`` for a call about to run (retries keep the journaled effect and key)."""
+        if not self._can_start():
+            raise asyncio.CancelledError()
+        state = self.state
+        record = state.call(call_id)
+        assert record is not None
+        tool = self.agent.tool(record.tool)
+        assert tool is not None
+        self.act()
+        if record.attempt > 0 and record.effect is not None and record.key is not None:
+            effect, key, limit = record.effect, record.key, record.max_attempts or tool.max_attempts
+        else:
+            effect, key, limit = tool.effect, j.idempotency_key_for(state.id, call_id), tool.max_attempts
+        state.queue(
+            j.ToolStarted,
+            call_id=call_id,
+            tool=tool.name,
+            effect=effect,
+            idempotency_key=key,
+            attempt=record.attempt + 1,
+            max_attempts=limit,
+        )
+
+    def _launch(self, call_id: str) -> None:
+        self.tasks[call_id] = asyncio.ensure_future(self._invoke(call_id))
+
+    async def _invoke(self, call_id: str) -> None:
+        """Run one call (retrying timeouts of read_only and idempotent tools) and journal its result."""
+        state = self.state
+        record = state.call(call_id)
+        assert record is not None
+        tool = self.agent.tool(record.tool)
+        assert tool is not None
+        while True:
+            ctx = ToolContext(state.id, call_id, record.attempt, record.key or "", tool.name)
+            try:
+                kwargs = tool.validate(record.args if record.args is not None else {})
+                value = await _call_tool(tool, kwargs, ctx)
+                outcome, content = "done", result_to_blocks(value)
+            except TimeoutError:
+                effect = record.effect or tool.effect
+                limit = record.max_attempts or tool.max_attempts
+                if effect in _RETRY_EFFECTS and record.attempt < limit and self._can_start():
+                    self._start(call_id)
+                    await self.flush()
+                    continue
+                if effect in _RETRY_EFFECTS:
+                    text = f"aborted: timed out {record.attempt} times (timeout {tool.timeout}s)"
+                else:
+                    text = f"aborted: timed out after {tool.timeout}s; the tool may or may not have taken effect"
+                outcome, content = "aborted", [_text(text)]
+            except ToolInputError as exc:
+                outcome, content = "input_error", [_text(str(exc))]
+            except Exception as exc:
+                outcome, content = "error", [_text(f"{type(exc).__name__}: {exc}")]
+            break
+        if record.outcome is not None or call_id not in {c.call_id for c in state.open_calls}:
+            log.info("run %s call %s finished after it was closed; result dropped", state.id, call_id)
+            return
+        state.queue(j.ToolFinished, call_id=call_id, outcome=outcome, content=content)
+        try:
+            await self.flush()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the end of the batch writes what is missing, or raises
+            self.flush_error = exc
+
+    # ----------------------------------------------------------------------------------------------
+    # Stopping
+
+    async def _release(self) -> bool:
+        """Release the run; False when the inbox or journal grew (the caller consumes and drives again)."""
+        state = self.state
+        if self.acted and state.status not in _TERMINAL and state.history[-1].kind != "run_released":
+            reason = "waiting for a decision" if state.status == "waiting" else "stopped with work left"
+            state.queue(j.RunReleased, reason=reason)
+        await self.flush()
+        released = await self.store.run_io(
+            self.store.release, self.lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1
+        )
+        if released:
+            return True
+        await self._consume_inbox()
+        if self.stopping:
+            return False
+        self.done = state.status in ("cancelled",)
+        return False
+
+    async def _close_after(self, exc: BaseException) -> None:
+        """After an interrupt or error: abort in-flight unsafe calls, write ``run_released``, release."""
+        self.stopping = True
+        for task in self.tasks.values():
+            task.cancel()
+        in_flight = list(self.tasks)
+        self.tasks = {}
+        state = self.state
+        if isinstance(exc, LeaseLostError) or self.lease_lost:
+            await self._give_up()
+            if not isinstance(exc, LeaseLostError):
+                raise LeaseLostError(
+                    f"run {state.id} lease was lost (renewals failed for ttl/2). Fix: nothing; another process "
+                    "may drive the run now",
+                    run_id=state.id,
+                ) from exc
+            return
+        try:
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                for call_id in in_flight:
+                    record = state.call(call_id)
+                    if record is None or record.outcome is not None:
+                        continue
+                    if (record.effect or "unsafe") == "unsafe" and call_id in {c.call_id for c in state.open_calls}:
+                        text = "aborted: the run was interrupted while this call ran; it may or may not have run"
+                        state.queue(j.ToolFinished, call_id=call_id, outcome="aborted", content=[_text(text)])
+                if self.acted and state.status not in _TERMINAL:
+                    state.queue(j.RunReleased, reason=f"interrupted ({type(exc).__name__})")
+            for _ in range(3):
+                await self.flush()
+                released = await self.store.run_io(
+                    self.store.release, self.lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1
+                )
+                if released:
+                    return
+                items = await self._read_inbox()  # stopping: journal without acting
+                consume(state, items)
+            await self._give_up()
+        except BaseException as save_error:
+            if save_error is not exc:
+                exc.add_note(f"saving the run also failed: {type(save_error).__name__}: {save_error}")
+            await self._give_up()
+
+    async def _give_up(self) -> None:
+        try:
+            await self.store.run_io(self.store.abandon, self.lease)
+        except Exception as exc:  # abandon never raises by contract; a broken store is only logged
+            log.warning("releasing run %s failed: %s", self.state.id, exc)
+
+
+async def _call_tool(tool: Tool, kwargs: dict[str, Any], ctx: ToolContext) -> Any:
+    """Invoke a tool: async on the loop, sync on a thread of its own; ``timeout`` applied to both."""
+    if tool.is_async:
+        coro = tool.invoke_async(kwargs, ctx)
+        if tool.timeout:
+            return await asyncio.wait_for(coro, tool.timeout)
+        return await coro
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def target() -> None:
+        try:
+            value = tool.invoke_sync(kwargs, ctx)
+        except BaseException as exc:  # delivered to the awaiting task
+            loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, value, None)
+
+    thread = threading.Thread(target=target, name=f"tether-tool-{ctx.call_id}", daemon=True)
+    thread.start()
+    if tool.timeout:
+        return await asyncio.wait_for(asyncio.shield(future), tool.timeout)
+    return await future
+
+
+def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    if future.done():
+        if exc is None:
+            log.info("a tool result arrived after its call was closed; dropped")
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(value)
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def backoff(attempt: int, base: float, retry_after: float | None, cap: float = 30.0) -> float:
+    """Exponential backoff with full jitter, never shorter than the provider's ``retry-after``."""
+    delay = min(cap, base * (2 ** max(0, attempt - 1)))
+    delay = random.uniform(delay / 2, delay)
+    return max(delay, retry_after or 0.0)

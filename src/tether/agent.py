@@ -1,0 +1,365 @@
+"""Agent: a model, its instructions and tools, and the ways to drive a run (DESIGN 3, 5)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Literal
+
+import orjson
+
+from . import journal as j
+from ._driver import Drive, backoff, cancel_all_drives, sigterm_received
+from ._events import Event
+from .errors import ConflictError
+from .messages import Message
+from .models import Model, resolve_model
+from .permissions import Decision, Rule, decide
+from .state import State
+from .stores.base import Lease, Owner, Store
+from .stores.memory import MemoryStore
+from .tools import Tool, tool as make_tool
+
+__all__ = ["Agent", "handle_sigterm"]
+
+_RUNNERS = threading.local()
+
+
+def _runner() -> asyncio.Runner:
+    runner: asyncio.Runner | None = getattr(_RUNNERS, "runner", None)
+    if runner is None:
+        runner = asyncio.Runner()
+        _RUNNERS.runner = runner
+    return runner
+
+
+def _sync(coro_fn: Callable[[], Any], name: str) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError(f"Agent.{name}() was called from a running event loop. Fix: await agent.a{name}(...)")
+    try:
+        return _runner().run(coro_fn())
+    except asyncio.CancelledError:
+        if sigterm_received():
+            raise SystemExit(143) from None
+        raise
+
+
+def handle_sigterm() -> None:
+    """Turn SIGTERM into cancellation of every run this process drives.
+
+    Each drive closes its steps (in-flight ``unsafe`` calls aborted, the rest left for a resume), writes
+    ``run_released`` and releases the run; then the process exits with code 143. Call it once, from the
+    main thread.
+    """
+
+    def handler(signum: int, frame: object) -> None:
+        cancel_all_drives()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+class Agent:
+    """A model, its instructions and tools, and where runs are kept.
+
+    Args:
+        model: ``"anthropic:<model>"``, ``"openai:<model>"`` or a Model object.
+        instructions: the system instructions.
+        tools: functions (wrapped with ``@tool`` if they are not already) or Tool objects.
+        store: where runs are journaled; None keeps each run in memory only (it still gets an id).
+        name: the agent's name, recorded in each run; a run resumes only with an agent of its name.
+        description: what the agent does (used when it is a subagent).
+        max_turns, max_tokens: budgets over the whole run, checked before each model request.
+        poll_interval: seconds between inbox reads while tools run or the model is asked.
+        model_retries: how many retryable model errors in a row are retried before the run fails.
+        retry_delay: the first retry's delay in seconds (doubling, with jitter; ``retry-after`` honoured).
+        lease_ttl: lease length for stores with expiring leases.
+        on_unknown: ``"abort"`` closes a cut-off ``unsafe`` call ``aborted``; ``"ask"`` asks a person.
+        strict_resume: raise instead of journaling ``agent_changed`` when the run's agent differs.
+        permissions: allow, deny and ask rules (``tether.permissions``).
+        default_permission: the decision when no rule matches.
+        on_text: called with each text delta while the model streams.
+    """
+
+    def __init__(
+        self,
+        model: str | Model,
+        *,
+        instructions: str = "",
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        store: Store | None = None,
+        name: str = "agent",
+        description: str | None = None,
+        max_turns: int | None = None,
+        max_tokens: int | None = None,
+        poll_interval: float = 1.0,
+        model_retries: int = 4,
+        retry_delay: float = 0.5,
+        lease_ttl: float = 30.0,
+        on_unknown: Literal["abort", "ask"] = "abort",
+        strict_resume: bool = False,
+        permissions: Sequence[Rule] = (),
+        default_permission: Decision = "allow",
+        on_text: Callable[[str], None] | None = None,
+    ) -> None:
+        self.model = resolve_model(model)
+        self.instructions = instructions
+        self.tools: dict[str, Tool] = {}
+        for item in tools:
+            made = item if isinstance(item, Tool) else make_tool(item)
+            if made.name in self.tools:
+                raise ValueError(f"two tools are named {made.name}. Fix: give one of them another name=")
+            self.tools[made.name] = made
+        if store is not None and not isinstance(store, Store):
+            raise TypeError(f"store {store!r} is not a tether Store. Fix: pass FileStore(path), open_store(url), ...")
+        self.store = store
+        self.name = name
+        self.description = description
+        for label, value in (("max_turns", max_turns), ("max_tokens", max_tokens)):
+            if value is not None and value < 1:
+                raise ValueError(f"{label}={value} is not positive. Fix: pass a positive number, or None")
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive. Fix: pass seconds, e.g. 1.0")
+        self.poll_interval = poll_interval
+        self.model_retries = model_retries
+        self.retry_delay = retry_delay
+        self.lease_ttl = lease_ttl
+        if on_unknown not in ("abort", "ask"):
+            raise ValueError(f"on_unknown={on_unknown!r} is not known. Fix: pass 'abort' or 'ask'")
+        self.on_unknown = on_unknown
+        self.strict_resume = strict_resume
+        self.permissions = list(permissions)
+        self.default_permission = default_permission
+        self.on_text = on_text
+        self._schemas = [t.schema for t in self.tools.values()]
+
+    def __repr__(self) -> str:
+        return f"Agent(name={self.name!r}, model={self.model.name!r}, tools={list(self.tools)})"
+
+    # ----------------------------------------------------------------------------------------------
+    # What the driver asks of its agent
+
+    def tool(self, name: str) -> Tool | None:
+        """The tool called ``name``, if this agent has it."""
+        return self.tools.get(name)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tool schemas the model is shown."""
+        return self._schemas
+
+    def unknown_tool_text(self, name: str) -> str:
+        """What the model is told when it calls a tool this agent lacks."""
+        known = ", ".join(self.tools) or "none"
+        return f"tool {name} is not in this agent. Fix: call one of: {known}"
+
+    def permission_for(self, tool: Tool) -> tuple[Decision, str]:
+        """The decision for a call of ``tool`` under this agent's rules."""
+        return decide(tool, self.permissions, self.default_permission)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The model name and hashes of the instructions and tool schemas, recorded in ``run_started``."""
+        tools = orjson.dumps(self._schemas, option=orjson.OPT_SORT_KEYS)
+        return {
+            "model": self.model.name,
+            "instructions": hashlib.sha256(self.instructions.encode()).hexdigest()[:16],
+            "tools": hashlib.sha256(tools).hexdigest()[:16],
+        }
+
+    def budgets(self) -> dict[str, Any]:
+        """The limits recorded in ``run_started`` (and ``budgets_changed``)."""
+        out: dict[str, Any] = {}
+        if self.max_turns is not None:
+            out["max_turns"] = self.max_turns
+        if self.max_tokens is not None:
+            out["max_tokens"] = self.max_tokens
+        return out
+
+    def budget_exceeded(self, state: State) -> str | None:
+        """Why no further model request is allowed, or None."""
+        if self.max_turns is not None and state.turn >= self.max_turns:
+            return f"max_turns: {state.turn} turns reached the limit of {self.max_turns}"
+        if self.max_tokens is not None:
+            used = state.usage.get("input_tokens", 0) + state.usage.get("output_tokens", 0)
+            if used >= self.max_tokens:
+                return f"max_tokens: {used} tokens reached the limit of {self.max_tokens}"
+        return None
+
+    def retry_delay_for(self, attempt: int, retry_after: float | None) -> float:
+        """Seconds to wait before retrying a failed model request."""
+        return backoff(attempt, self.retry_delay, retry_after)
+
+    def parse_output(self, text: str) -> Any:
+        """The typed output of a final answer (None without ``output_type``)."""
+        return None
+
+    # ----------------------------------------------------------------------------------------------
+    # Driving
+
+    def run(self, prompt: str | Message | State, *, id: str | None = None) -> State:
+        """Start a run (or continue a State) and drive it to its next stop. See ``arun``."""
+        return _sync(lambda: self.arun(prompt, id=id), "run")  # type: ignore[no-any-return]
+
+    def resume(self, run_id: str) -> State:
+        """Continue a run from its journal. See ``aresume``."""
+        return _sync(lambda: self.aresume(run_id), "resume")  # type: ignore[no-any-return]
+
+    async def arun(self, prompt: str | Message | State, *, id: str | None = None) -> State:
+        """Start a run from a prompt, or drive a State, to its next stop.
+
+        A prompt creates a new run (an existing ``id`` is refused with ValueError before any model
+        request). A State not yet in the store is created; a State loaded from the store is driven after
+        its changes (``add_message``, ``approve``, ``deny``) are journaled.
+
+        Raises:
+            ValueError: the id exists; the State belongs to another store or agent.
+            RunBusyError: another process drives the run.
+            ConflictError: the State is stale (another process appended since it was loaded).
+        """
+        state, store, lease = await self._take_for_run(prompt, id)
+        return await Drive(self, store, state, lease).run()
+
+    async def aresume(self, run_id: str) -> State:
+        """Continue a run from its journal, in any process: finished tools never run again.
+
+        A completed or cancelled run is returned as it is (nothing written) unless its inbox holds items.
+
+        Raises:
+            ValueError: no store, a run of another agent, or a subagent run (resume its root).
+            RunBusyError: a live process drives the run.
+        """
+        store = self._require_store("resume")
+        state, lease = await self._take_existing(store, run_id)
+        return await Drive(self, store, state, lease).run()
+
+    async def stream(self, prompt: str | Message | State, *, id: str | None = None) -> AsyncIterator[Event]:
+        """Drive a run and yield its events: each entry after its append returned, and text deltas.
+
+        A consumer that stops iterating cancels the run as Ctrl+C does (it stays resumable).
+        """
+        state, store, lease = await self._take_for_run(prompt, id)
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        drive = Drive(self, store, state, lease, emit=queue.put_nowait)
+        task = asyncio.ensure_future(drive.run())
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while True:
+                event = await queue.get()
+                if event is None:
+                    break
+                yield event
+            task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+
+    def submit(self, prompt: str | Message, *, id: str | None = None) -> State:
+        """Create a run that no process drives yet (a worker or ``resume`` picks it up)."""
+        store = self._require_store("submit")
+        state = self._new_state(prompt, id)
+        batch = state.next_batch()
+        store.create(state.id, batch, state.info())
+        state.batch_saved()
+        state.store_identity = store.identity
+        return state
+
+    # ----------------------------------------------------------------------------------------------
+    # Taking runs
+
+    def _require_store(self, what: str) -> Store:
+        if self.store is None:
+            raise ValueError(f"agent.{what}() needs a store. Fix: Agent(..., store=FileStore('runs')) or open_store(url)")
+        return self.store
+
+    def _new_state(self, prompt: str | Message | State, run_id: str | None) -> State:
+        if isinstance(prompt, State):
+            messages, run_id = list(prompt.messages), prompt.id
+        else:
+            messages = [Message.user(prompt) if isinstance(prompt, str) else prompt]
+        state = State(id=run_id)
+        state.queue(j.RunStarted, agent=self.name, fingerprint=self.fingerprint(), budgets=self.budgets(), root_id=state.id)
+        for message in messages:
+            state.queue(j.MessageAdded, role=message.role, content=list(message.content))
+        return state
+
+    async def _take_for_run(self, prompt: str | Message | State, run_id: str | None) -> tuple[State, Store, Lease]:
+        store = self.store if self.store is not None else MemoryStore()
+        if isinstance(prompt, State) and prompt.history:
+            if run_id is not None and run_id != prompt.id:
+                raise ValueError(f"id={run_id!r} differs from the State's id {prompt.id!r}. Fix: drop id=")
+            return await self._take_state(store, prompt)
+        if isinstance(prompt, State):
+            store.check_state(prompt)
+        state = self._new_state(prompt, run_id)
+        owner = Owner.here(state.writer)
+        batch = state.next_batch()
+        lease = await store.run_io(store.create, state.id, batch, state.info(), owner=owner, ttl=self._ttl(store))
+        assert lease is not None
+        state.batch_saved()
+        state.store_identity = store.identity
+        if isinstance(prompt, State):
+            prompt.__dict__.update(state.__dict__)
+            state = prompt
+        return state, store, lease
+
+    def _ttl(self, store: Store) -> float | None:
+        return self.lease_ttl if store.ttl is not None else None
+
+    async def _take_state(self, store: Store, state: State) -> tuple[State, Store, Lease]:
+        """Drive a State loaded earlier: post its changes, take the run, refuse it if stale (DURABILITY 1.4)."""
+        store.check_state(state)
+        self._check_run(state)
+        posted: set[int] = set()
+        for item in state.take_local_changes():
+            seq = await store.run_io(store.post, state.id, {**item, "run_h": state.history[0].h}, item_id=item["item_id"])
+            posted.add(seq)
+        state.local_changes_posted()
+        lease = await store.run_io(store.claim, state.id, Owner.here(state.writer), self._ttl(store))
+        try:
+            fresh = await store.run_io(store.read, state.id, state.saved - 1)
+            foreign = [e for e in fresh if getattr(e, "inbox_seq", None) not in posted and e.kind != "tool_finished"]
+            if foreign:
+                raise ConflictError(
+                    f"run {state.id} has {len(fresh)} entries this State has not seen. Fix: store.load(id) again",
+                    run_id=state.id,
+                    seq=fresh[0].seq,
+                )
+            for entry in fresh:
+                state.apply(entry)
+            state.batch_saved()
+            state.mark_saved()
+        except BaseException:
+            await store.run_io(store.abandon, lease)
+            raise
+        return state, store, lease
+
+    async def _take_existing(self, store: Store, run_id: str) -> tuple[State, Lease]:
+        j.validate_run_id(run_id)
+        peek = await store.run_io(store.load, run_id)
+        self._check_run(peek)
+        owner = Owner.here()
+        lease = await store.run_io(store.claim, run_id, owner, self._ttl(store))
+        try:
+            state = await store.run_io(store.load, run_id)
+            state.writer = owner.writer
+        except BaseException:
+            await store.run_io(store.abandon, lease)
+            raise
+        return state, lease
+
+    def _check_run(self, state: State) -> None:
+        if state.parent_id is not None:
+            raise ValueError(f"run {state.id} is a subagent of {state.parent_id}. Fix: resume {state.root_id or state.parent_id}")
+        if state.agent and state.agent != self.name:
+            raise ValueError(f"run {state.id} belongs to agent {state.agent}; this is {self.name}. Fix: resume it with {state.agent}")

@@ -1,0 +1,523 @@
+"""State: a run as the fold of its journal, and the changes a caller makes to it.
+
+Loading is replay and nothing else. The fold keeps status, usage, turn, messages, pending approvals and
+open calls incrementally, so no per-step cost grows with history. Changes made outside a driver
+(``add_message``, ``approve``, ``deny``) become inbox items that ``store.save`` or a driver journals.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from . import journal as j
+from .errors import CorruptJournalError
+from .messages import Message, MessagesView, text_of
+
+__all__ = ["OpenCall", "PendingApproval", "State", "Status"]
+
+Status = Literal["running", "waiting", "completed", "failed", "cancelled", "stopped"]
+Action = Literal["run", "retry", "abort", "deny", "wait", "resume_child"]
+
+_PROGRESS_KINDS = frozenset({"model_replied", "tool_finished", "approval_decided", "run_released", "run_stopped"})
+_KEEP_STOPPED = frozenset({"inbox_skipped", "run_released", "run_stopped", "cancel_requested"})
+_REQUEST_KINDS = frozenset({"model_replied", "model_failed", "compacted"})
+_RESUMABLE_RETRY = frozenset({"read_only", "idempotent"})
+ABORTED_UNKNOWN = (
+    "unknown: the run stopped before this result was saved, so the tool may or may not have run. Check "
+    "whether it took effect before relying on it or running it again"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """A call waiting for a person's decision."""
+
+    call_id: str
+    tool: str
+    args: Any
+    asked_at: str
+    run_id: str
+    round: int = 0
+    question: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCall:
+    """A call without a ``tool_finished``, and what a resume would do with it.
+
+    ``action`` is ``run`` (never started, or approved), ``retry`` (cut off; same key, ``attempt`` + 1),
+    ``abort`` (closed ``aborted``), ``deny`` (closed ``denied``), ``wait`` (approval pending) or
+    ``resume_child`` (a subagent).
+    """
+
+    call_id: str
+    tool: str
+    args: Any
+    action: Action
+    attempt: int
+    effect: str | None
+    reason: str
+
+
+@dataclass(slots=True)
+class _Decision:
+    approved: bool
+    round: int
+    by: str | None
+    reason: str | None
+    at: str
+
+
+@dataclass(slots=True)
+class _Call:
+    call_id: str
+    tool: str
+    args: Any
+    provider_id: str | None
+    index: int
+    attempt: int = 0
+    effect: str | None = None
+    key: str | None = None
+    max_attempts: int | None = None
+    started_after_decision: bool = False
+    outcome: str | None = None
+    open_round: int | None = None
+    last_round: int = -1
+    asked_at: str = ""
+    question: str | None = None
+    decision: _Decision | None = None
+    child_id: str | None = None
+
+    def plan(self) -> tuple[Action, str]:
+        """What a resume would do with this call, from what the journal recorded."""
+        if self.open_round is not None:
+            return "wait", "waiting for a decision"
+        if self.decision is not None and not self.started_after_decision:
+            if not self.decision.approved:
+                return ("abort" if self.decision.round > 0 else "deny"), self.decision.reason or "denied"
+            return "run", f"approved by {self.decision.by or 'someone'}"
+        if self.attempt == 0:
+            return "run", "never started"
+        if self.effect == "resumable":
+            return "resume_child", "its subagent run is resumed"
+        if self.effect in _RESUMABLE_RETRY:
+            limit = self.max_attempts or 3
+            if self.attempt >= limit:
+                return "abort", f"gave up after {self.attempt} attempts, each cut off"
+            return "retry", f"cut off; {self.effect}, so it runs again (attempt {self.attempt + 1})"
+        return "abort", ABORTED_UNKNOWN
+
+
+class State:
+    """A run: its id, journal (``history``) and everything folded from it.
+
+    Make a new run with ``State(id=..., messages=[Message.user(...)])`` or let ``agent.run("...")`` do it;
+    get an existing one with ``store.load(id)``.
+    """
+
+    def __init__(self, id: str | None = None, messages: Sequence[Message | str] | None = None) -> None:
+        self.id: str = j.validate_run_id(id) if id is not None else j.new_run_id()
+        self.history: list[j.Entry] = []
+        self.messages: list[Message] = []
+        self.writer: str = j.new_writer_id()
+        self.agent: str | None = None
+        self.fingerprint: dict[str, Any] | None = None
+        self.budgets: dict[str, Any] = {}
+        self.parent_id: str | None = None
+        self.root_id: str | None = None
+        self.parent_call_id: str | None = None
+        self.turn = 0
+        self.usage: dict[str, int] = {}
+        self.requests = 0  # model_replied + model_failed + compacted: the next request's index
+        self.inbox_consumed = -1
+        self.resumes_since_progress = 0
+        self.failures_since_reply = 0
+        self.created_at: str | None = None
+        self.updated_at: str | None = None
+        self.first_message: str | None = None
+        self._stopped: j.RunStopped | None = None
+        self._stopped_seq = -1
+        self._calls: dict[str, _Call] = {}
+        self._open: dict[str, _Call] = {}  # calls without tool_finished, in call order
+        self._reply_calls: list[str] = []  # the calls of the last reply, for ordering results
+        self._results: dict[str, dict[str, Any]] = {}
+        self._held: list[Message] = []  # messages added while calls were open
+        self._item_ids: set[str] = set()
+        self._local: list[dict[str, Any]] = []  # changes not saved yet, as inbox items
+        self._decided_locally: dict[str, _Decision] = {}
+        self._saved = 0  # entries known durable
+        self._batch: list[j.Entry] | None = None  # a sealed append in flight (resent as it is on retry)
+        self.store_identity: str | None = None
+        for message in messages or ():
+            self.messages.append(Message.user(message) if isinstance(message, str) else message)
+
+    # ----------------------------------------------------------------------------------------------
+    # Public read-only views
+
+    @property
+    def status(self) -> Status:
+        """``running``, ``waiting``, ``completed``, ``failed``, ``cancelled`` or ``stopped`` (DESIGN 7)."""
+        if self._stopped is not None:
+            return self._stopped.status  # type: ignore[return-value]
+        waiting = False
+        for call in self._open.values():
+            if call.open_round is not None or call.child_id is not None:
+                waiting = True
+            else:
+                return "running"
+        return "waiting" if waiting else "running"
+
+    @property
+    def answer(self) -> str | None:
+        """The final answer's text, once the run completed."""
+        return self._stopped.answer if self._stopped is not None else None
+
+    @property
+    def output(self) -> Any:
+        """The typed output (with ``output_type``), else the answer."""
+        if self._stopped is None:
+            return None
+        return self._stopped.output if self._stopped.output is not None else self._stopped.answer
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run stopped, for ``failed``, ``stopped`` and ``cancelled`` runs."""
+        return self._stopped.reason if self._stopped is not None else None
+
+    @property
+    def pending_approvals(self) -> list[PendingApproval]:
+        """Calls waiting for a decision, oldest first (decisions made on this State not yet saved excluded)."""
+        return [
+            PendingApproval(c.call_id, c.tool, c.args, c.asked_at, self.id, c.open_round, c.question)
+            for c in self._open.values()
+            if c.open_round is not None and c.call_id not in self._decided_locally
+        ]
+
+    @property
+    def open_calls(self) -> list[OpenCall]:
+        """Each call without a ``tool_finished``, with what a resume would do."""
+        out = []
+        for call in self._open.values():
+            action, reason = call.plan()
+            out.append(OpenCall(call.call_id, call.tool, call.args, action, call.attempt, call.effect, reason))
+        return out
+
+    @property
+    def context_messages(self) -> MessagesView:
+        """The messages as the model sees them now (a view, not a copy)."""
+        return MessagesView(self.messages)
+
+    def call(self, call_id: str) -> _Call | None:
+        """The fold's record of one call (internal use by the driver)."""
+        return self._calls.get(call_id)
+
+    @property
+    def unsaved(self) -> int:
+        """How many entries of ``history`` are not durable yet."""
+        return len(self.history) - self._saved
+
+    def __repr__(self) -> str:
+        return f"State(id={self.id!r}, status={self.status!r}, turn={self.turn}, entries={len(self.history)})"
+
+    # ----------------------------------------------------------------------------------------------
+    # Changes made outside a driver
+
+    def add_message(self, message: Message | str) -> None:
+        """Add a message; ``agent.run(state)`` continues the conversation with it.
+
+        On a run already in a store the message becomes an inbox item that ``store.save`` or a driver
+        journals (after the current tool results).
+        """
+        msg = Message.user(message) if isinstance(message, str) else message
+        if not self.history:
+            self.messages.append(msg)
+            return
+        self._local.append(self._item("message", {"role": msg.role, "content": list(msg.content)}))
+
+    def approve(self, call_id: str, *, by: str | None = None, reason: str | None = None, run_id: str | None = None) -> None:
+        """Approve a pending call; ``store.save(state)`` or a driver journals the decision."""
+        self._decide(call_id, True, by, reason, run_id)
+
+    def deny(self, call_id: str, *, by: str | None = None, reason: str | None = None, run_id: str | None = None) -> None:
+        """Deny a pending call; the model sees ``reason``."""
+        self._decide(call_id, False, by, reason, run_id)
+
+    def _decide(self, call_id: str, approved: bool, by: str | None, reason: str | None, run_id: str | None) -> None:
+        if run_id is not None and run_id != self.id:
+            raise ValueError(
+                f"call {call_id} of run {run_id} is not in this State ({self.id}). Fix: load run {run_id} "
+                "and decide there"
+            )
+        call = self._calls.get(call_id)
+        if call is None:
+            raise ValueError(f"run {self.id} has no call {call_id}. Fix: pick a call id from state.pending_approvals")
+        earlier = self._decided_locally.get(call_id) or (
+            call.decision if call.open_round is None and call.decision is not None else None
+        )
+        if earlier is not None:
+            verb = "approved" if earlier.approved else "denied"
+            raise ValueError(f"call {call_id} was already {verb} by {earlier.by or 'someone'} at {earlier.at}")
+        if call.open_round is None:
+            raise ValueError(
+                f"call {call_id} is not waiting for a decision. Fix: pick a call id from state.pending_approvals"
+            )
+        body = {"call_id": call_id, "round": call.open_round, "approved": approved, "by": by, "reason": reason}
+        self._local.append(self._item("decision", body))
+        self._decided_locally[call_id] = _Decision(approved, call.open_round, by, reason, j.now_iso())
+
+    def _item(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {"type": kind, "item_id": uuid.uuid4().hex, "seen_seq": len(self.history), **body}
+
+    def take_local_changes(self) -> list[dict[str, Any]]:
+        """The inbox items made on this State and not posted yet (the caller posts them)."""
+        return list(self._local)
+
+    def local_changes_posted(self) -> None:
+        """Mark every local change as posted."""
+        self._local.clear()
+        self._decided_locally.clear()
+
+    # ----------------------------------------------------------------------------------------------
+    # The fold
+
+    @classmethod
+    def replay(cls, run_id: str, entries: Sequence[j.Entry]) -> State:
+        """The State of a journal: pure replay, nothing written."""
+        state = cls(id=run_id)
+        for entry in entries:
+            state.apply(entry)
+        state._saved = len(state.history)
+        return state
+
+    def queue(self, entry_type: type[j.Entry], **fields: Any) -> j.Entry:
+        """Make the next entry, fold it, and keep it unsaved until a writer appends it."""
+        entry = entry_type(seq=len(self.history), at=j.now_iso(), **fields)
+        self.apply(entry)
+        return entry
+
+    def apply(self, entry: j.Entry) -> None:
+        """Fold one entry (its seq must be the next one)."""
+        if entry.seq != len(self.history):
+            raise CorruptJournalError(self.id, entry.seq, f"expected seq {len(self.history)} here")
+        kind = entry.kind
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, entry)
+        self.history.append(entry)
+        if self._stopped is not None and kind not in _KEEP_STOPPED:
+            self._stopped = None
+        if kind in _REQUEST_KINDS:
+            self.requests += 1
+        if kind == "run_resumed":
+            self.resumes_since_progress += 1
+        elif kind in _PROGRESS_KINDS:
+            self.resumes_since_progress = 0
+        if self.created_at is None:
+            self.created_at = entry.at
+        self.updated_at = entry.at
+
+    def _fail(self, entry: j.Entry, problem: str) -> None:
+        raise CorruptJournalError(self.id, entry.seq, problem)
+
+    def _on_run_started(self, e: j.RunStarted) -> None:
+        if self.history:
+            self._fail(e, "a second run_started")
+        self.agent = e.agent
+        self.fingerprint = e.fingerprint
+        self.budgets = dict(e.budgets or {})
+        self.parent_id = e.parent_id
+        self.root_id = e.root_id or self.id
+        self.parent_call_id = e.parent_call_id
+        self.messages = []
+
+    def _add_message(self, msg: Message) -> None:
+        if self._open:
+            self._held.append(msg)
+        else:
+            self.messages.append(msg)
+        if self.first_message is None and msg.role == "user":
+            self.first_message = msg.text[:200]
+
+    def _on_message(self, e: j.MessageAdded) -> None:
+        self._note_inbox(e.inbox_seq, e.item_id)
+        self._add_message(Message(e.role, tuple(e.content)))  # type: ignore[arg-type]
+
+    def _on_model_replied(self, e: j.ModelReplied) -> None:
+        if self._open:
+            self._fail(e, f"a model reply while calls {sorted(self._open)} have no result")
+        self.turn += 1
+        self.failures_since_reply = 0
+        for name, value in (e.usage or {}).items():
+            if isinstance(value, int):
+                self.usage[name] = self.usage.get(name, 0) + value
+        self.messages.append(Message("assistant", tuple(e.content)))
+        self._reply_calls = []
+        self._results = {}
+        for block in e.content:
+            if block.get("type") != "tool_call":
+                continue
+            cid = block["id"]
+            if cid in self._calls:
+                self._fail(e, f"call id {cid} used twice")
+            call = _Call(cid, block.get("name", ""), block.get("args"), block.get("provider_id"), len(self._reply_calls))
+            self._calls[cid] = call
+            self._open[cid] = call
+            self._reply_calls.append(cid)
+
+    def _on_model_failed(self, e: j.ModelFailed) -> None:
+        self.failures_since_reply += 1
+
+    def _open_call(self, e: j.Entry, call_id: str) -> _Call:
+        call = self._open.get(call_id)
+        if call is None:
+            what = "a closed" if call_id in self._calls else "an unknown"
+            self._fail(e, f"a {e.kind} for {what} call {call_id}")
+            raise AssertionError  # unreachable: _fail raises
+        return call
+
+    def _on_approval_requested(self, e: j.ApprovalRequested) -> None:
+        call = self._open_call(e, e.call_id)
+        if call.open_round is not None or e.round <= call.last_round:
+            self._fail(e, f"approval round {e.round} of call {e.call_id} cannot follow")
+        call.open_round = e.round
+        call.last_round = e.round
+        call.asked_at = e.at
+        call.question = e.question
+
+    def _on_approval_decided(self, e: j.ApprovalDecided) -> None:
+        call = self._open_call(e, e.call_id)
+        if call.open_round != e.round:
+            self._fail(e, f"a decision for call {e.call_id} round {e.round}, which is not open")
+        self._note_inbox(e.inbox_seq, None)
+        call.open_round = None
+        call.decision = _Decision(e.approved, e.round, e.by, e.reason, e.at)
+        call.started_after_decision = False
+        self._decided_locally.pop(e.call_id, None)
+
+    def _on_tool_started(self, e: j.ToolStarted) -> None:
+        call = self._open_call(e, e.call_id)
+        if call.open_round is not None:
+            self._fail(e, f"call {e.call_id} started while its approval is pending")
+        call.attempt = e.attempt
+        call.effect = e.effect
+        call.key = e.idempotency_key
+        call.max_attempts = e.max_attempts
+        call.started_after_decision = True
+
+    def _on_tool_finished(self, e: j.ToolFinished) -> None:
+        call = self._open_call(e, e.call_id)
+        call.outcome = e.outcome
+        call.open_round = None
+        del self._open[e.call_id]
+        for name, value in (e.usage or {}).items():
+            if isinstance(value, int):
+                self.usage[name] = self.usage.get(name, 0) + value
+        self._results[e.call_id] = {
+            "type": "tool_result",
+            "call_id": e.call_id,
+            "name": call.tool,
+            "provider_id": call.provider_id,
+            "outcome": e.outcome,
+            "content": e.content,
+        }
+        if not self._open:
+            results = [self._results[cid] for cid in self._reply_calls if cid in self._results]
+            self.messages.append(Message("tool", tuple(results)))
+            self._results = {}
+            held, self._held = self._held, []
+            self.messages.extend(held)
+
+    def _on_child_waiting(self, e: j.ChildWaiting) -> None:
+        self._open_call(e, e.call_id).child_id = e.child_id
+
+    def _on_cancel_requested(self, e: j.CancelRequested) -> None:
+        self._note_inbox(e.inbox_seq, None)
+
+    def _on_inbox_skipped(self, e: j.InboxSkipped) -> None:
+        self._note_inbox(e.inbox_seq, e.item_id)
+
+    def _on_budgets_changed(self, e: j.BudgetsChanged) -> None:
+        self.budgets = dict(e.new or {})
+
+    def _on_agent_changed(self, e: j.AgentChanged) -> None:
+        self.fingerprint = e.new
+
+    def _on_run_stopped(self, e: j.RunStopped) -> None:
+        self._stopped = e
+        self._stopped_seq = e.seq
+
+    def _note_inbox(self, inbox_seq: int | None, item_id: str | None) -> None:
+        if inbox_seq is not None:
+            self.inbox_consumed = max(self.inbox_consumed, inbox_seq)
+        if item_id is not None:
+            self._item_ids.add(item_id)
+
+    # ----------------------------------------------------------------------------------------------
+    # What stores and drivers need
+
+    @property
+    def stopped_seq(self) -> int:
+        """The seq of the last ``run_stopped`` still in force, or -1."""
+        return self._stopped_seq if self._stopped is not None else -1
+
+    def has_item(self, item_id: str) -> bool:
+        """Whether an inbox item with this id was journaled."""
+        return item_id in self._item_ids
+
+    def info(self) -> dict[str, Any]:
+        """The listing record stored with each append (stores never fold entries)."""
+        return {
+            "agent": self.agent,
+            "status": self.status,
+            "turn": self.turn,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "first_message": self.first_message,
+            "parent_id": self.parent_id,
+            "root_id": self.root_id or self.id,
+            "inbox_consumed": self.inbox_consumed,
+        }
+
+    def next_batch(self) -> list[j.Entry]:
+        """The append to send now: the one in flight (byte-identical on retry), else every unsaved entry."""
+        if self._batch is None:
+            self._batch = j.seal(self.history[self._saved :], self.writer)
+            self.history[self._saved :] = self._batch
+        return self._batch
+
+    def batch_saved(self) -> None:
+        """The batch from ``next_batch`` is durable."""
+        if self._batch is not None:
+            self._saved += len(self._batch)
+            self._batch = None
+
+    def mark_saved(self) -> None:
+        """Every entry of ``history`` is durable (the caller read them from the store)."""
+        self._batch = None
+        self._saved = len(self.history)
+
+    @property
+    def saved(self) -> int:
+        """How many entries are durable (the store's journal length as this State knows it)."""
+        return self._saved
+
+
+_HANDLERS: dict[str, Any] = {
+    "run_started": State._on_run_started,
+    "message": State._on_message,
+    "model_replied": State._on_model_replied,
+    "model_failed": State._on_model_failed,
+    "approval_requested": State._on_approval_requested,
+    "approval_decided": State._on_approval_decided,
+    "tool_started": State._on_tool_started,
+    "tool_finished": State._on_tool_finished,
+    "child_waiting": State._on_child_waiting,
+    "cancel_requested": State._on_cancel_requested,
+    "inbox_skipped": State._on_inbox_skipped,
+    "budgets_changed": State._on_budgets_changed,
+    "agent_changed": State._on_agent_changed,
+    "run_stopped": State._on_run_stopped,
+}

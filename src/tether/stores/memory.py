@@ -1,0 +1,227 @@
+"""MemoryStore: runs in a dict, for tests and for runs that need an id and a history but no disk."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import journal as j
+from ..errors import ConflictError, LeaseLostError, RunNotFoundError
+from ..inbox import InboxItem, make_item
+from .base import Lease, Owner, RunInfo, Store, busy_error
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass(slots=True)
+class _Run:
+    entries: list[j.Entry]
+    info: dict[str, Any]
+    inbox: list[InboxItem] = field(default_factory=list)
+    item_ids: dict[str, int] = field(default_factory=dict)
+    token: int = 0
+    owner: Owner | None = None
+    expires: float | None = None
+
+
+class MemoryStore(Store):
+    """Keeps runs for the life of the process. It cannot survive the crash it would recover from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._runs: dict[str, _Run] = {}
+        self._lock = threading.RLock()
+        self._name = f"memory:{uuid.uuid4().hex[:12]}"
+
+    @property
+    def identity(self) -> str:
+        return self._name
+
+    def _run(self, run_id: str) -> _Run:
+        run = self._runs.get(run_id)
+        if run is None:
+            raise RunNotFoundError(run_id)
+        return run
+
+    def _held(self, run: _Run) -> bool:
+        if run.owner is None:
+            return False
+        return run.expires is None or run.expires > time.monotonic()
+
+    def create(
+        self,
+        run_id: str,
+        entries: Sequence[j.Entry],
+        info: dict[str, Any],
+        *,
+        owner: Owner | None = None,
+        ttl: float | None = None,
+    ) -> Lease | None:
+        j.validate_run_id(run_id)
+        with self._lock:
+            if run_id in self._runs:
+                raise ValueError(f"run {run_id} already exists. Fix: store.load({run_id!r}), or pick another id")
+            run = _Run(list(entries), dict(info))
+            self._runs[run_id] = run
+            if owner is None:
+                return None
+            return self._take(run_id, run, owner, ttl)
+
+    def _take(self, run_id: str, run: _Run, owner: Owner, ttl: float | None) -> Lease:
+        run.token += 1
+        run.owner = owner
+        run.expires = time.monotonic() + ttl if ttl else None
+        return Lease(run_id, run.token, owner, time.time() + ttl if ttl else None)
+
+    def append(
+        self,
+        run_id: str,
+        entries: Sequence[j.Entry],
+        *,
+        expected_seq: int,
+        writer: str,
+        lease_token: int | None,
+        info: dict[str, Any],
+    ) -> None:
+        with self._lock:
+            run = self._run(run_id)
+            if lease_token != run.token or not self._held(run):
+                raise LeaseLostError(
+                    f"run {run_id} is no longer held by this writer (token {lease_token}, current "
+                    f"{run.token}). Fix: stop; another process drives the run now",
+                    run_id=run_id,
+                )
+            n = len(run.entries)
+            if expected_seq > n:
+                raise ConflictError(
+                    f"run {run_id}: append at seq {expected_seq} leaves a gap after {n} entries. Fix: store.load(id) "
+                    "again",
+                    run_id=run_id,
+                    seq=n,
+                )
+            k = min(len(entries), n - expected_seq)
+            for i in range(k):
+                stored = run.entries[expected_seq + i]
+                if stored.w != entries[i].w or stored.h != entries[i].h:
+                    raise self.conflict(run_id, expected_seq + i, stored)
+            run.entries.extend(entries[k:])
+            run.info = dict(info)
+
+    def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
+        with self._lock:
+            return self._run(run_id).entries[after_seq + 1 :]
+
+    def length(self, run_id: str) -> int:
+        with self._lock:
+            return len(self._run(run_id).entries)
+
+    def post(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int:
+        item_id = item_id or str(item.get("item_id") or uuid.uuid4().hex)
+        with self._lock:
+            run = self._run(run_id)
+            if item_id in run.item_ids:
+                return run.item_ids[item_id]
+            made = make_item(item, inbox_seq=len(run.inbox), item_id=item_id)
+            run.inbox.append(made)
+            run.item_ids[item_id] = made.inbox_seq
+            return made.inbox_seq
+
+    def read_inbox(self, run_id: str, after_seq: int = -1) -> list[InboxItem]:
+        with self._lock:
+            return self._run(run_id).inbox[after_seq + 1 :]
+
+    def inbox_length(self, run_id: str) -> int:
+        with self._lock:
+            return len(self._run(run_id).inbox)
+
+    def claim(self, run_id: str, owner: Owner, ttl: float | None = None) -> Lease:
+        with self._lock:
+            run = self._run(run_id)
+            if self._held(run):
+                raise busy_error(run_id, run.owner)
+            return self._take(run_id, run, owner, ttl)
+
+    def renew(self, lease: Lease) -> Lease:
+        with self._lock:
+            run = self._run(lease.run_id)
+            if run.token != lease.token or not self._held(run):
+                raise LeaseLostError(f"run {lease.run_id} lease was lost. Fix: stop driving it", run_id=lease.run_id)
+            ttl = None if lease.expires_at is None else self.ttl
+            run.expires = time.monotonic() + ttl if ttl else None
+            return Lease(lease.run_id, lease.token, lease.owner, time.time() + ttl if ttl else None)
+
+    def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
+        with self._lock:
+            run = self._run(lease.run_id)
+            if run.token != lease.token:
+                return True  # already taken over: nothing of ours to release
+            if len(run.entries) != at_seq or len(run.inbox) != inbox_len:
+                return False
+            run.owner = None
+            run.expires = None
+            return True
+
+    def abandon(self, lease: Lease) -> None:
+        with self._lock:
+            run = self._runs.get(lease.run_id)
+            if run is not None and run.token == lease.token:
+                run.owner = None
+                run.expires = None
+
+    def holder(self, run_id: str) -> Owner | None:
+        with self._lock:
+            run = self._run(run_id)
+            return run.owner if self._held(run) else None
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        limit: int = 100,
+    ) -> list[RunInfo]:
+        with self._lock:
+            infos = [self._info(run_id, run) for run_id, run in self._runs.items()]
+        infos = [
+            i
+            for i in infos
+            if (status is None or i.status == status)
+            and (agent is None or i.agent == agent)
+            and (parent_id is None or i.parent_id == parent_id)
+            and (root_id is None or i.root_id == root_id)
+        ]
+        infos.sort(key=lambda i: (i.updated_at or "", i.id), reverse=True)
+        return infos[:limit]
+
+    def _info(self, run_id: str, run: _Run) -> RunInfo:
+        info = run.info
+        owner = run.owner if self._held(run) else None
+        return RunInfo(
+            id=run_id,
+            agent=info.get("agent"),
+            status=str(info.get("status", "running")),
+            first_message=info.get("first_message"),
+            created_at=info.get("created_at"),
+            updated_at=info.get("updated_at"),
+            turn=int(info.get("turn", 0)),
+            parent_id=info.get("parent_id"),
+            root_id=info.get("root_id"),
+            lease_owner=f"{owner.host}:{owner.pid}" if owner else None,
+            lease_expires_at=None,
+            length=len(run.entries),
+            inbox_len=len(run.inbox),
+            inbox_consumed=int(info.get("inbox_consumed", -1)),
+        )
+
+    def delete(self, run_id: str) -> None:
+        with self._lock:
+            run = self._run(run_id)
+            if self._held(run):
+                raise busy_error(run_id, run.owner)
+            del self._runs[run_id]

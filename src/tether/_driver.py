@@ -20,7 +20,7 @@ from . import journal as j
 from ._events import EntryEvent, Event, Reset, TextDelta
 from .context import build_request
 from .errors import LeaseLostError
-from .inbox import InboxItem, close_denied, close_open_calls, consume
+from .inbox import InboxItem, close_denied, consume
 from .models.base import ModelReply
 from .state import ABORTED_UNKNOWN, State
 from .stores.base import Lease, Store
@@ -106,6 +106,7 @@ class Drive:
         self.flush_error: BaseException | None = None
         self.renewer: _Renewer | None = None
         self.lease_lost = False
+        self.save_failed: BaseException | None = None
 
     # ----------------------------------------------------------------------------------------------
     # Writing
@@ -115,7 +116,9 @@ class Drive:
         if not self.acted:
             self.acted = True
             host, pid = j.host_and_pid()
-            self.state.queue(j.RunResumed, writer=self.state.writer, token=self.lease.token, host=host, pid=pid)
+            self.state.queue(
+                j.RunResumed, writer=self.state.writer, token=self.lease.token, host=host, pid=pid
+            )
 
     async def flush(self) -> None:
         """Append everything queued; an append in progress always completes, even when cancelled."""
@@ -123,17 +126,7 @@ class Drive:
             while self.state.unsaved:
                 batch = self.state.next_batch()
                 loop = asyncio.get_running_loop()
-                future = loop.run_in_executor(
-                    self.store.executor,
-                    lambda: self.store.append(
-                        self.state.id,
-                        batch,
-                        expected_seq=batch[0].seq,
-                        writer=self.state.writer,
-                        lease_token=self.lease.token,
-                        info=self.state.info(),
-                    ),
-                )
+                future = loop.run_in_executor(self.store.executor, self._append, batch, self.state.info())
                 cancelled = False
                 while True:
                     try:
@@ -148,6 +141,7 @@ class Drive:
                     assert error is not None
                     if cancelled:
                         raise asyncio.CancelledError() from error
+                    self.save_failed = error
                     raise error
                 self.state.batch_saved()
                 if self.emit is not None:
@@ -155,6 +149,16 @@ class Drive:
                         self.emit(EntryEvent(entry))
                 if cancelled:
                     raise asyncio.CancelledError()
+
+    def _append(self, batch: list[j.Entry], info: dict[str, Any]) -> None:
+        self.store.append(
+            self.state.id,
+            batch,
+            expected_seq=batch[0].seq,
+            writer=self.state.writer,
+            lease_token=self.lease.token,
+            info=info,
+        )
 
     # ----------------------------------------------------------------------------------------------
     # The loop
@@ -267,7 +271,9 @@ class Drive:
                 else:
                     self.act()
                     text = call.reason if call.reason.startswith("unknown") else f"aborted: {call.reason}"
-                    state.queue(j.ToolFinished, call_id=call.call_id, outcome="aborted", content=[_text(text)])
+                    state.queue(
+                        j.ToolFinished, call_id=call.call_id, outcome="aborted", content=[_text(text)]
+                    )
 
     async def _drive_until_release(self) -> None:
         state = self.state
@@ -349,7 +355,9 @@ class Drive:
         self._journal_pending_items()
         if retryable and state.failures_since_reply <= agent.model_retries:
             await self.flush()
-            await asyncio.sleep(agent.retry_delay_for(state.failures_since_reply, getattr(exc, "retry_after", None)))
+            await asyncio.sleep(
+                agent.retry_delay_for(state.failures_since_reply, getattr(exc, "retry_after", None))
+            )
             return
         reason = f"{type(exc).__name__}: {exc}"
         state.queue(j.RunStopped, status="failed", reason=reason[:2000], usage=dict(state.usage))
@@ -381,7 +389,13 @@ class Drive:
                 }
                 index += 1
             content.append(block)
-        state.queue(j.ModelReplied, content=content, stop_reason=reply.stop_reason, usage=reply.usage, model=reply.model)
+        state.queue(
+            j.ModelReplied,
+            content=content,
+            stop_reason=reply.stop_reason,
+            usage=reply.usage,
+            model=reply.model,
+        )
         calls = [b for b in content if b["type"] == "tool_call"]
         for block in calls:
             self._admit(block)
@@ -416,7 +430,9 @@ class Drive:
             return
         decision, reason = agent.permission_for(tool)
         if decision == "deny":
-            state.queue(j.ToolFinished, call_id=call_id, outcome="denied", content=[_text(f"denied: {reason}")])
+            state.queue(
+                j.ToolFinished, call_id=call_id, outcome="denied", content=[_text(f"denied: {reason}")]
+            )
         elif decision == "ask":
             state.queue(j.ApprovalRequested, call_id=call_id, round=0, tool=name, args=block.get("args"))
 
@@ -459,7 +475,9 @@ class Drive:
             self._launch(call_id)
         while self.tasks:
             done, _ = await asyncio.wait(
-                set(self.tasks.values()), timeout=self.agent.poll_interval, return_when=asyncio.FIRST_COMPLETED
+                set(self.tasks.values()),
+                timeout=self.agent.poll_interval,
+                return_when=asyncio.FIRST_COMPLETED,
             )
             for task in done:
                 self.tasks = {cid: t for cid, t in self.tasks.items() if t is not task}
@@ -472,7 +490,11 @@ class Drive:
                     self.tasks = {}
                     await self.flush()
                     return
-                started = [c.call_id for c in self.state.open_calls if c.action == "run" and c.call_id not in self.tasks]
+                started = [
+                    c.call_id
+                    for c in self.state.open_calls
+                    if c.action == "run" and c.call_id not in self.tasks
+                ]
                 for call_id in started:
                     self._start(call_id)
                 await self.flush()
@@ -535,7 +557,9 @@ class Drive:
                 if effect in _RETRY_EFFECTS:
                     text = f"aborted: timed out {record.attempt} times (timeout {tool.timeout}s)"
                 else:
-                    text = f"aborted: timed out after {tool.timeout}s; the tool may or may not have taken effect"
+                    text = (
+                        f"aborted: timed out after {tool.timeout}s; the tool may or may not have taken effect"
+                    )
                 outcome, content = "aborted", [_text(text)]
             except ToolInputError as exc:
                 outcome, content = "input_error", [_text(str(exc))]
@@ -582,6 +606,9 @@ class Drive:
         in_flight = list(self.tasks)
         self.tasks = {}
         state = self.state
+        if self.save_failed is not None and self.save_failed is exc:
+            await self._give_up()  # the store refused this append; a retry here would fail the same way
+            return
         if isinstance(exc, LeaseLostError) or self.lease_lost:
             await self._give_up()
             if not isinstance(exc, LeaseLostError):
@@ -597,15 +624,22 @@ class Drive:
                     record = state.call(call_id)
                     if record is None or record.outcome is not None:
                         continue
-                    if (record.effect or "unsafe") == "unsafe" and call_id in {c.call_id for c in state.open_calls}:
-                        text = "aborted: the run was interrupted while this call ran; it may or may not have run"
+                    if (record.effect or "unsafe") == "unsafe" and call_id in {
+                        c.call_id for c in state.open_calls
+                    }:
+                        text = (
+                            "aborted: the run was interrupted while this call ran; it may or may not have run"
+                        )
                         state.queue(j.ToolFinished, call_id=call_id, outcome="aborted", content=[_text(text)])
                 if self.acted and state.status not in _TERMINAL:
                     state.queue(j.RunReleased, reason=f"interrupted ({type(exc).__name__})")
             for _ in range(3):
                 await self.flush()
                 released = await self.store.run_io(
-                    self.store.release, self.lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1
+                    self.store.release,
+                    self.lease,
+                    at_seq=len(state.history),
+                    inbox_len=state.inbox_consumed + 1,
                 )
                 if released:
                     return

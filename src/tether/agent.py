@@ -21,7 +21,8 @@ from .permissions import Decision, Rule, decide
 from .state import State
 from .stores.base import Lease, Owner, Store
 from .stores.memory import MemoryStore
-from .tools import Tool, tool as make_tool
+from .tools import Tool
+from .tools import tool as make_tool
 
 __all__ = ["Agent", "handle_sigterm"]
 
@@ -42,7 +43,9 @@ def _sync(coro_fn: Callable[[], Any], name: str) -> Any:
     except RuntimeError:
         pass
     else:
-        raise RuntimeError(f"Agent.{name}() was called from a running event loop. Fix: await agent.a{name}(...)")
+        raise RuntimeError(
+            f"Agent.{name}() was called from a running event loop. Fix: await agent.a{name}(...)"
+        )
     try:
         return _runner().run(coro_fn())
     except asyncio.CancelledError:
@@ -117,7 +120,9 @@ class Agent:
                 raise ValueError(f"two tools are named {made.name}. Fix: give one of them another name=")
             self.tools[made.name] = made
         if store is not None and not isinstance(store, Store):
-            raise TypeError(f"store {store!r} is not a tether Store. Fix: pass FileStore(path), open_store(url), ...")
+            raise TypeError(
+                f"store {store!r} is not a tether Store. Fix: pass FileStore(path), open_store(url), ..."
+            )
         self.store = store
         self.name = name
         self.description = description
@@ -205,11 +210,11 @@ class Agent:
 
     def run(self, prompt: str | Message | State, *, id: str | None = None) -> State:
         """Start a run (or continue a State) and drive it to its next stop. See ``arun``."""
-        return _sync(lambda: self.arun(prompt, id=id), "run")  # type: ignore[no-any-return]
+        return _sync(lambda: self.arun(prompt, id=id), "run")
 
     def resume(self, run_id: str) -> State:
         """Continue a run from its journal. See ``aresume``."""
-        return _sync(lambda: self.aresume(run_id), "resume")  # type: ignore[no-any-return]
+        return _sync(lambda: self.aresume(run_id), "resume")
 
     async def arun(self, prompt: str | Message | State, *, id: str | None = None) -> State:
         """Start a run from a prompt, or drive a State, to its next stop.
@@ -279,7 +284,9 @@ class Agent:
 
     def _require_store(self, what: str) -> Store:
         if self.store is None:
-            raise ValueError(f"agent.{what}() needs a store. Fix: Agent(..., store=FileStore('runs')) or open_store(url)")
+            raise ValueError(
+                f"agent.{what}() needs a store. Fix: Agent(..., store=FileStore('runs')) or open_store(url)"
+            )
         return self.store
 
     def _new_state(self, prompt: str | Message | State, run_id: str | None) -> State:
@@ -288,12 +295,20 @@ class Agent:
         else:
             messages = [Message.user(prompt) if isinstance(prompt, str) else prompt]
         state = State(id=run_id)
-        state.queue(j.RunStarted, agent=self.name, fingerprint=self.fingerprint(), budgets=self.budgets(), root_id=state.id)
+        state.queue(
+            j.RunStarted,
+            agent=self.name,
+            fingerprint=self.fingerprint(),
+            budgets=self.budgets(),
+            root_id=state.id,
+        )
         for message in messages:
             state.queue(j.MessageAdded, role=message.role, content=list(message.content))
         return state
 
-    async def _take_for_run(self, prompt: str | Message | State, run_id: str | None) -> tuple[State, Store, Lease]:
+    async def _take_for_run(
+        self, prompt: str | Message | State, run_id: str | None
+    ) -> tuple[State, Store, Lease]:
         store = self.store if self.store is not None else MemoryStore()
         if isinstance(prompt, State) and prompt.history:
             if run_id is not None and run_id != prompt.id:
@@ -304,7 +319,9 @@ class Agent:
         state = self._new_state(prompt, run_id)
         owner = Owner.here(state.writer)
         batch = state.next_batch()
-        lease = await store.run_io(store.create, state.id, batch, state.info(), owner=owner, ttl=self._ttl(store))
+        lease = await store.run_io(
+            store.create, state.id, batch, state.info(), owner=owner, ttl=self._ttl(store)
+        )
         assert lease is not None
         state.batch_saved()
         state.store_identity = store.identity
@@ -322,13 +339,17 @@ class Agent:
         self._check_run(state)
         posted: set[int] = set()
         for item in state.take_local_changes():
-            seq = await store.run_io(store.post, state.id, {**item, "run_h": state.history[0].h}, item_id=item["item_id"])
+            seq = await store.run_io(
+                store.post, state.id, {**item, "run_h": state.history[0].h}, item_id=item["item_id"]
+            )
             posted.add(seq)
         state.local_changes_posted()
         lease = await store.run_io(store.claim, state.id, Owner.here(state.writer), self._ttl(store))
         try:
             fresh = await store.run_io(store.read, state.id, state.saved - 1)
-            foreign = [e for e in fresh if getattr(e, "inbox_seq", None) not in posted and e.kind != "tool_finished"]
+            foreign = [
+                e for e in fresh if getattr(e, "inbox_seq", None) not in posted and e.kind != "tool_finished"
+            ]
             if foreign:
                 raise ConflictError(
                     f"run {state.id} has {len(fresh)} entries this State has not seen. Fix: store.load(id) again",
@@ -360,6 +381,10 @@ class Agent:
 
     def _check_run(self, state: State) -> None:
         if state.parent_id is not None:
-            raise ValueError(f"run {state.id} is a subagent of {state.parent_id}. Fix: resume {state.root_id or state.parent_id}")
+            raise ValueError(
+                f"run {state.id} is a subagent of {state.parent_id}. Fix: resume {state.root_id or state.parent_id}"
+            )
         if state.agent and state.agent != self.name:
-            raise ValueError(f"run {state.id} belongs to agent {state.agent}; this is {self.name}. Fix: resume it with {state.agent}")
+            raise ValueError(
+                f"run {state.id} belongs to agent {state.agent}; this is {self.name}. Fix: resume it with {state.agent}"
+            )

@@ -130,7 +130,9 @@ def _decision(state: State, item: InboxItem) -> list[j.Entry]:
     if call.open_round is None or call.open_round != round_:
         if call.decision is not None and call.decision.round == round_:
             verb = "approved" if call.decision.approved else "denied"
-            why = f"call {call_id} was already {verb} by {call.decision.by or 'someone'} at {call.decision.at}"
+            why = (
+                f"call {call_id} was already {verb} by {call.decision.by or 'someone'} at {call.decision.at}"
+            )
         elif call.outcome is not None:
             why = f"call {call_id} is closed ({call.outcome})"
         else:
@@ -183,7 +185,9 @@ def _cancel(state: State, item: InboxItem) -> list[j.Entry]:
     out = [state.queue(j.CancelRequested, by=by, inbox_seq=item.inbox_seq)]
     out.extend(close_open_calls(state, "cancelled"))
     who = f" by {by}" if by else ""
-    out.append(state.queue(j.RunStopped, status="cancelled", reason=f"cancelled{who}", usage=dict(state.usage)))
+    out.append(
+        state.queue(j.RunStopped, status="cancelled", reason=f"cancelled{who}", usage=dict(state.usage))
+    )
     return out
 
 
@@ -197,7 +201,9 @@ def close_open_calls(state: State, why: str) -> list[j.Entry]:
             )
         else:
             text = f"aborted: the run was {why} while this call ran; it may or may not have taken effect"
-            out.append(state.queue(j.ToolFinished, call_id=call.call_id, outcome="aborted", content=[_text(text)]))
+            out.append(
+                state.queue(j.ToolFinished, call_id=call.call_id, outcome="aborted", content=[_text(text)])
+            )
     return out
 
 

@@ -373,7 +373,9 @@ _MIGRATIONS: dict[int, Migration] = {}
 """Upgrades of an entry's JSON from format ``n`` to ``n + 1``, keyed by ``n``; empty while only format 1 exists."""
 
 
-def decode_entry(raw: bytes | str | dict[str, Any], run_id: str, *, journal_version: int = FORMAT_VERSION) -> Entry:
+def decode_entry(
+    raw: bytes | str | dict[str, Any], run_id: str, *, journal_version: int = FORMAT_VERSION
+) -> Entry:
     """Decode and check one entry.
 
     Raises:

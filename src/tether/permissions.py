@@ -27,7 +27,9 @@ class Rule:
 
     def matches(self, tool: Tool) -> bool:
         """Whether the rule applies to ``tool``."""
-        return fnmatch.fnmatchcase(tool.name, self.tools) and (self.effect is None or self.effect == tool.effect)
+        return fnmatch.fnmatchcase(tool.name, self.tools) and (
+            self.effect is None or self.effect == tool.effect
+        )
 
 
 def allow(tools: str = "*", *, effect: str | None = None) -> Rule:

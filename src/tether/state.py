@@ -14,14 +14,16 @@ from typing import Any, Literal
 
 from . import journal as j
 from .errors import CorruptJournalError
-from .messages import Message, MessagesView, text_of
+from .messages import Message, MessagesView
 
 __all__ = ["OpenCall", "PendingApproval", "State", "Status"]
 
 Status = Literal["running", "waiting", "completed", "failed", "cancelled", "stopped"]
 Action = Literal["run", "retry", "abort", "deny", "wait", "resume_child"]
 
-_PROGRESS_KINDS = frozenset({"model_replied", "tool_finished", "approval_decided", "run_released", "run_stopped"})
+_PROGRESS_KINDS = frozenset(
+    {"model_replied", "tool_finished", "approval_decided", "run_released", "run_stopped"}
+)
 _KEEP_STOPPED = frozenset({"inbox_skipped", "run_released", "run_stopped", "cancel_requested"})
 _REQUEST_KINDS = frozenset({"model_replied", "model_failed", "compacted"})
 _RESUMABLE_RETRY = frozenset({"read_only", "idempotent"})
@@ -202,7 +204,9 @@ class State:
         out = []
         for call in self._open.values():
             action, reason = call.plan()
-            out.append(OpenCall(call.call_id, call.tool, call.args, action, call.attempt, call.effect, reason))
+            out.append(
+                OpenCall(call.call_id, call.tool, call.args, action, call.attempt, call.effect, reason)
+            )
         return out
 
     @property
@@ -237,15 +241,21 @@ class State:
             return
         self._local.append(self._item("message", {"role": msg.role, "content": list(msg.content)}))
 
-    def approve(self, call_id: str, *, by: str | None = None, reason: str | None = None, run_id: str | None = None) -> None:
+    def approve(
+        self, call_id: str, *, by: str | None = None, reason: str | None = None, run_id: str | None = None
+    ) -> None:
         """Approve a pending call; ``store.save(state)`` or a driver journals the decision."""
         self._decide(call_id, True, by, reason, run_id)
 
-    def deny(self, call_id: str, *, by: str | None = None, reason: str | None = None, run_id: str | None = None) -> None:
+    def deny(
+        self, call_id: str, *, by: str | None = None, reason: str | None = None, run_id: str | None = None
+    ) -> None:
         """Deny a pending call; the model sees ``reason``."""
         self._decide(call_id, False, by, reason, run_id)
 
-    def _decide(self, call_id: str, approved: bool, by: str | None, reason: str | None, run_id: str | None) -> None:
+    def _decide(
+        self, call_id: str, approved: bool, by: str | None, reason: str | None, run_id: str | None
+    ) -> None:
         if run_id is not None and run_id != self.id:
             raise ValueError(
                 f"call {call_id} of run {run_id} is not in this State ({self.id}). Fix: load run {run_id} "
@@ -253,18 +263,28 @@ class State:
             )
         call = self._calls.get(call_id)
         if call is None:
-            raise ValueError(f"run {self.id} has no call {call_id}. Fix: pick a call id from state.pending_approvals")
+            raise ValueError(
+                f"run {self.id} has no call {call_id}. Fix: pick a call id from state.pending_approvals"
+            )
         earlier = self._decided_locally.get(call_id) or (
             call.decision if call.open_round is None and call.decision is not None else None
         )
         if earlier is not None:
             verb = "approved" if earlier.approved else "denied"
-            raise ValueError(f"call {call_id} was already {verb} by {earlier.by or 'someone'} at {earlier.at}")
+            raise ValueError(
+                f"call {call_id} was already {verb} by {earlier.by or 'someone'} at {earlier.at}"
+            )
         if call.open_round is None:
             raise ValueError(
                 f"call {call_id} is not waiting for a decision. Fix: pick a call id from state.pending_approvals"
             )
-        body = {"call_id": call_id, "round": call.open_round, "approved": approved, "by": by, "reason": reason}
+        body = {
+            "call_id": call_id,
+            "round": call.open_round,
+            "approved": approved,
+            "by": by,
+            "reason": reason,
+        }
         self._local.append(self._item("decision", body))
         self._decided_locally[call_id] = _Decision(approved, call.open_round, by, reason, j.now_iso())
 
@@ -362,7 +382,13 @@ class State:
             cid = block["id"]
             if cid in self._calls:
                 self._fail(e, f"call id {cid} used twice")
-            call = _Call(cid, block.get("name", ""), block.get("args"), block.get("provider_id"), len(self._reply_calls))
+            call = _Call(
+                cid,
+                block.get("name", ""),
+                block.get("args"),
+                block.get("provider_id"),
+                len(self._reply_calls),
+            )
             self._calls[cid] = call
             self._open[cid] = call
             self._reply_calls.append(cid)

@@ -41,6 +41,6 @@ def resolve_model(model: str | Model) -> Model:
         raise ValueError(
             f"model {model!r} needs the {provider} SDK. Fix: pip install '{_PROVIDERS[provider]}'"
         ) from exc
-    factory = getattr(module, "from_name")
+    factory = module.from_name
     resolved: Model = factory(name)
     return resolved

@@ -26,7 +26,9 @@ def call(name: str, /, **args: Any) -> ScriptedCall:
     return ScriptedCall(name, args)
 
 
-Reply = str | ScriptedCall | Sequence[ScriptedCall] | BaseException | ModelReply | Callable[[ModelRequest], Any]
+Reply = (
+    str | ScriptedCall | Sequence[ScriptedCall] | BaseException | ModelReply | Callable[[ModelRequest], Any]
+)
 
 
 class ScriptedModel:
@@ -79,7 +81,12 @@ def _to_reply(reply: Any) -> ModelReply:
         reply = [reply]
     if isinstance(reply, Sequence) and all(isinstance(c, ScriptedCall) for c in reply):
         blocks = [
-            {"type": "tool_call", "name": c.name, "args": c.args, "provider_id": c.provider_id or f"toolu_{i}"}
+            {
+                "type": "tool_call",
+                "name": c.name,
+                "args": c.args,
+                "provider_id": c.provider_id or f"toolu_{i}",
+            }
             for i, c in enumerate(reply)
         ]
         return ModelReply(blocks, "tool_use", usage)

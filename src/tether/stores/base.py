@@ -54,7 +54,12 @@ class Owner:
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> Owner:
         """Read the JSON form."""
-        return cls(str(obj.get("writer", "")), int(obj.get("pid", 0)), str(obj.get("host", "")), str(obj.get("since", "")))
+        return cls(
+            str(obj.get("writer", "")),
+            int(obj.get("pid", 0)),
+            str(obj.get("host", "")),
+            str(obj.get("since", "")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,10 +405,14 @@ class Store(abc.ABC):
         within its poll interval).
         """
         state = self.load(run_id)
-        self.post(run_id, {"type": "cancel", "by": by, "seen_seq": len(state.history), "run_h": state.history[0].h})
+        self.post(
+            run_id, {"type": "cancel", "by": by, "seen_seq": len(state.history), "run_h": state.history[0].h}
+        )
         return self.settle(run_id)
 
-    async def follow(self, run_id: str, after_seq: int = -1, *, poll_interval: float = 0.2) -> AsyncIterator[j.Entry]:
+    async def follow(
+        self, run_id: str, after_seq: int = -1, *, poll_interval: float = 0.2
+    ) -> AsyncIterator[j.Entry]:
         """Replay, then tail, the entries of a run driven elsewhere: no gaps, no duplicates.
 
         Ends when the run has stopped (``completed``, ``failed``, ``cancelled`` or ``stopped``) and nothing

@@ -64,7 +64,9 @@ class MemoryStore(Store):
         j.validate_run_id(run_id)
         with self._lock:
             if run_id in self._runs:
-                raise ValueError(f"run {run_id} already exists. Fix: store.load({run_id!r}), or pick another id")
+                raise ValueError(
+                    f"run {run_id} already exists. Fix: store.load({run_id!r}), or pick another id"
+                )
             run = _Run(list(entries), dict(info))
             self._runs[run_id] = run
             if owner is None:
@@ -149,7 +151,9 @@ class MemoryStore(Store):
         with self._lock:
             run = self._run(lease.run_id)
             if run.token != lease.token or not self._held(run):
-                raise LeaseLostError(f"run {lease.run_id} lease was lost. Fix: stop driving it", run_id=lease.run_id)
+                raise LeaseLostError(
+                    f"run {lease.run_id} lease was lost. Fix: stop driving it", run_id=lease.run_id
+                )
             ttl = None if lease.expires_at is None else self.ttl
             run.expires = time.monotonic() + ttl if ttl else None
             return Lease(lease.run_id, lease.token, lease.owner, time.time() + ttl if ttl else None)

@@ -206,8 +206,7 @@ class Drive:
             await self.flush()
             return
         self._check_agent()
-        self._recover()
-        await self.flush()
+        self._recover()  # flushed with the first start or request, so a decision and its start share an append
 
     def _check_agent(self) -> None:
         state, agent = self.state, self.agent
@@ -399,18 +398,16 @@ class Drive:
         calls = [b for b in content if b["type"] == "tool_call"]
         for block in calls:
             self._admit(block)
-        messages_before = len(self.pending_items)
-        self._journal_pending_items()
+        got_message = self._journal_pending_items()
         if state.status == "cancelled":
             self.done = True
             await self.flush()
             return
-        if not calls and not any(i.type == "message" for i in self.pending_items[:messages_before]):
+        if not calls and not got_message:
             text = "".join(b.get("text", "") for b in content if b.get("type") == "text")
             output = agent.parse_output(text)
             state.queue(j.RunStopped, status="completed", answer=text, output=output, usage=dict(state.usage))
             self.done = True
-        self.pending_items = []
         if not any(c.action in ("run", "retry") for c in state.open_calls):
             await self.flush()
 
@@ -447,9 +444,12 @@ class Drive:
             return []
         return await self.store.run_io(self.store.read_inbox, state.id, known)
 
-    def _journal_pending_items(self) -> None:
-        if self.pending_items:
-            consume(self.state, self.pending_items)
+    def _journal_pending_items(self) -> bool:
+        """Journal the items read during a model request; returns whether a message was among them."""
+        items, self.pending_items = self.pending_items, []
+        if items:
+            consume(self.state, items)
+        return any(item.type == "message" for item in items)
 
     async def _consume_inbox(self) -> bool:
         """Journal every unconsumed item (as the holder); returns whether there were any."""

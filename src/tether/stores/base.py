@@ -350,7 +350,7 @@ class Store(abc.ABC):
             self.create(state.id, batch, initial.info())
             for entry in batch:
                 state.apply(entry)
-            state.batch_saved()
+            state.mark_saved()
             state.messages[:] = initial.messages
             state.store_identity = self.identity
             return state

@@ -357,10 +357,6 @@ def test_resume_of_a_completed_run_returns_it_as_it_is(store: Any) -> None:
     assert journal_bytes(store, "fin") == [(e.seq, e.h) for e in first.history]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a resume with a changed agent writes agent_changed into a completed run and asks again",
-)
 def test_resume_of_a_completed_run_with_changed_instructions_writes_nothing(store: Any) -> None:
     Agent(ScriptedModel(["done"]), instructions="v1", store=store).run("hi", id="fin2")
     before = journal_bytes(store, "fin2")
@@ -764,9 +760,6 @@ def test_an_unconsumed_message_reopens_a_completed_run_on_resume(store: Any) -> 
     assert len(added) == 1 and kinds(state)[added[0].seq + 1] == "run_resumed", "consumed first"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="bug: the run_resumed written after an inbox_skipped reopens a stopped run"
-)
 def test_a_message_posted_before_seeing_a_cancel_is_skipped(store: Any) -> None:
     agent = Agent(
         ScriptedModel([call("_send", to="x")]), tools=[_send], store=store, permissions=[ask("_send")]

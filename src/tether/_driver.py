@@ -205,6 +205,10 @@ class Drive:
             self.done = True
             await self.flush()
             return
+        if state.status in ("completed", "cancelled"):
+            return  # returned as it is: a changed agent is noted only when the run goes on
+        if state.status == "stopped" and self.agent.budget_exceeded(state) is not None:
+            return
         self._check_agent()
         self._recover()  # flushed with the first start or request, so a decision and its start share an append
 

@@ -374,7 +374,11 @@ _MIGRATIONS: dict[int, Migration] = {}
 
 
 def decode_entry(
-    raw: bytes | str | dict[str, Any], run_id: str, *, journal_version: int = FORMAT_VERSION
+    raw: bytes | str | dict[str, Any],
+    run_id: str,
+    *,
+    journal_version: int = FORMAT_VERSION,
+    expected_seq: int | None = None,
 ) -> Entry:
     """Decode and check one entry.
 
@@ -388,12 +392,12 @@ def decode_entry(
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise CorruptJournalError(run_id, None, f"an entry is not valid JSON ({exc})") from None
+            raise CorruptJournalError(run_id, expected_seq, f"the entry is not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
-        raise CorruptJournalError(run_id, None, "an entry is not a JSON object")
+        raise CorruptJournalError(run_id, expected_seq, "the entry is not a JSON object")
     seq = obj.get("seq")
     if not isinstance(seq, int):
-        raise CorruptJournalError(run_id, None, "an entry has no integer seq")
+        raise CorruptJournalError(run_id, expected_seq, "the entry has no integer seq")
     version = obj.get("v") or journal_version
     if obj.get("kind") == "run_started" and isinstance(obj.get("version"), int):
         version = max(version, obj["version"])
@@ -427,7 +431,7 @@ def decode_journal(run_id: str, raws: Iterable[bytes | str | dict[str, Any]]) ->
     entries: list[Entry] = []
     version = FORMAT_VERSION
     for expected, raw in enumerate(raws):
-        entry = decode_entry(raw, run_id, journal_version=version)
+        entry = decode_entry(raw, run_id, journal_version=version, expected_seq=expected)
         if entry.seq != expected:
             raise CorruptJournalError(run_id, entry.seq, f"expected seq {expected} here")
         if isinstance(entry, RunStarted):

@@ -24,7 +24,7 @@ Action = Literal["run", "retry", "abort", "deny", "wait", "resume_child"]
 _PROGRESS_KINDS = frozenset(
     {"model_replied", "tool_finished", "approval_decided", "run_released", "run_stopped"}
 )
-_KEEP_STOPPED = frozenset({"inbox_skipped", "run_released", "run_stopped", "cancel_requested"})
+_KEEP_STOPPED = frozenset({"inbox_skipped", "run_released", "run_resumed", "run_stopped", "cancel_requested"})
 _REQUEST_KINDS = frozenset({"model_replied", "model_failed", "compacted"})
 _RESUMABLE_RETRY = frozenset({"read_only", "idempotent"})
 ABORTED_UNKNOWN = (

@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 from tether import Agent, FileStore, tool
@@ -28,7 +29,7 @@ SYNC_CALLS = {"fsync": os.fsync, "fdatasync": getattr(os, "fdatasync", os.fsync)
 _counts = {"fsync": 0, "fdatasync": 0}
 
 
-def _counting(name: str):  # noqa: ANN202 - a tiny wrapper factory
+def _counting(name: str) -> Callable[[int], None]:
     real = SYNC_CALLS[name]
 
     def wrapper(fd: int) -> None:
@@ -131,7 +132,9 @@ def sync_cost(folder: Path, sync_call: str) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--turns", default="100,1000,10000")
     parser.add_argument("--dir", default=".bench")
     args = parser.parse_args()
@@ -169,7 +172,9 @@ def main() -> int:
         )
     if first_ratio is not None and len(rows) > 1 and rows[-1]["sync_cost"] >= 20e-6:
         last = rows[-1]["per_turn"] / rows[-1]["baseline"]
-        print(f"ratio at {rows[-1]['turns']} turns / ratio at {rows[0]['turns']} turns: {last / first_ratio:.2f}")
+        print(
+            f"ratio at {rows[-1]['turns']} turns / ratio at {rows[0]['turns']} turns: {last / first_ratio:.2f}"
+        )
     return 0
 
 

@@ -11,7 +11,9 @@ from tether.testing import ScriptedModel
 
 if __name__ == "__main__":
     store = FileStore(".agent-runs")
-    agent = Agent(ScriptedModel(["Done: PR 42 looks good.", "Done: PR 43 needs tests."]), store=store, name="reviewer")
+    agent = Agent(
+        ScriptedModel(["Done: PR 42 looks good.", "Done: PR 43 needs tests."]), store=store, name="reviewer"
+    )
     agent.run("Review PR 42", id="review-pr-42")
     agent.run("Review PR 43", id="review-pr-43")
 

@@ -30,7 +30,9 @@ def collect_figures(day: str) -> str:
 def build_agent() -> Agent:
     """The nightly-report agent."""
     return Agent(
-        model=ScriptedModel([call("collect_figures", day="2026-11-28"), "Nightly report: 1,204 orders, 3 refunds."]),
+        model=ScriptedModel(
+            [call("collect_figures", day="2026-11-28"), "Nightly report: 1,204 orders, 3 refunds."]
+        ),
         name="reporter",
         tools=[collect_figures],
         store=FileStore(".agent-runs"),

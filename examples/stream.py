@@ -23,7 +23,9 @@ def get_weather(city: str) -> str:
 
 
 async def main() -> None:
-    model = ScriptedModel([call("get_weather", city="Tokyo"), "It is cloudy and 15C in Tokyo."], stream_chunk=8)
+    model = ScriptedModel(
+        [call("get_weather", city="Tokyo"), "It is cloudy and 15C in Tokyo."], stream_chunk=8
+    )
     agent = Agent(model, name="weather", tools=[get_weather], store=FileStore("runs"))
     async for event in agent.stream("What is the weather in Tokyo?", id="tokyo-weather"):
         if isinstance(event, EntryEvent):

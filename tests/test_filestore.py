@@ -156,7 +156,7 @@ def test_folder_is_created_on_first_write_not_by_looking(tmp_path: Path) -> None
 
 def test_a_store_path_that_is_a_file_is_refused_with_a_fix(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
-    with pytest.raises(ValueError, match="is a file. Fix: "):
+    with pytest.raises(ValueError, match=r"is a file\. Fix: "):
         FileStore(tmp_path / "f").list()
 
 

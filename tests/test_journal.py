@@ -94,7 +94,6 @@ def test_a_flipped_byte_in_a_value_fails_the_checksum_naming_run_and_seq() -> No
     assert f"run {RUN} seq 2" in str(info.value) and "Fix:" in str(info.value)
 
 
-
 def test_an_undecodable_line_names_run_and_seq() -> None:
     entries = j.seal(sample_entries()[:4], "a" * 32)
     raws = [j.encode_entry(e) for e in entries]

@@ -21,7 +21,9 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert blocks, "README has no python block"
     script = tmp_path / "quick_start.py"
     script.write_text(blocks[0])
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     run_id, status, answer = out.stdout.split(" ", 2)
     assert status == "completed"

@@ -774,3 +774,34 @@ def test_a_message_posted_before_seeing_a_cancel_is_skipped(store: Any) -> None:
     assert state.status == "cancelled" and model.requests == []
     skipped = of_kind(state, "inbox_skipped")
     assert [(e.inbox_seq, e.reason) for e in skipped] == [(1, f"run cancelled at seq {stopped_at}")]
+
+
+def test_a_failed_run_that_keeps_crashing_when_asked_again_is_a_crash_loop(store: Any) -> None:
+    with pytest.raises(ModelError):
+        Agent(ScriptedModel([ModelError("bad request")]), store=store).run("hi", id="failloop")
+    model = ScriptedModel([ModelError("unused"), Crash()])
+    agent = Agent(model, store=store)
+    for _ in range(3):
+        with pytest.raises(Crash):
+            agent.resume("failloop")
+    assert [r.index for r in model.requests] == [1, 1, 1]
+    state = agent.resume("failloop")
+    assert len(model.requests) == 3, "no fourth request: three resumes without progress are a crash loop"
+    assert state.status == "failed" and "crash loop" in (state.reason or "")
+
+
+def test_resume_of_a_waiting_run_with_changed_instructions_writes_nothing(store: Any) -> None:
+    agent = Agent(
+        ScriptedModel([call("_send", to="x")]),
+        instructions="v1",
+        tools=[_send],
+        store=store,
+        permissions=[ask("_send")],
+    )
+    assert agent.run("go", id="wait2").status == "waiting"
+    before = journal_bytes(store, "wait2")
+    model = ScriptedModel([])
+    changed = Agent(model, instructions="v2", tools=[_send], store=store, permissions=[ask("_send")])
+    state = changed.resume("wait2")
+    assert state.status == "waiting" and model.requests == []
+    assert journal_bytes(store, "wait2") == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -106,9 +108,9 @@ def _append(store: SQLiteStore, run_id: str, lease: Lease, entries: list[j.Entry
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> SQLiteStore:
+def db(tmp_path: Path) -> Iterator[SQLiteStore]:
     store = SQLiteStore(tmp_path / "runs.db")
-    yield store  # type: ignore[misc]
+    yield store
     store.close()
 
 
@@ -138,7 +140,7 @@ def test_round_trip(db: SQLiteStore, tmp_path: Path) -> None:
     assert len(state.history) == 5 and state.store_identity == db.identity
     for missing in (db.read, db.length, db.inbox_length, db.read_inbox, db.holder, db.delete):
         with pytest.raises(RunNotFoundError):
-            missing("nope")  # type: ignore[operator]
+            missing("nope")
 
 
 def test_file_modes(tmp_path: Path) -> None:
@@ -177,6 +179,16 @@ def test_pragmas_are_set_on_every_connection(db: SQLiteStore) -> None:
     assert seen[0][6] != seen[1][6]  # one connection per thread
 
 
+def test_connections_of_finished_threads_are_not_kept(db: SQLiteStore) -> None:
+    _make(db, "r1")
+    for _ in range(20):  # as a renewal thread per drive would
+        thread = threading.Thread(target=db.length, args=("r1",))
+        thread.start()
+        thread.join()
+    gc.collect()
+    assert len(db._conns) == 1
+
+
 def test_schema_is_versioned_and_a_newer_one_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     SQLiteStore(path).close()
@@ -187,6 +199,15 @@ def test_schema_is_versioned_and_a_newer_one_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(TetherError, match=r"newer tether.*Fix: upgrade tether"):
         SQLiteStore(path)
+
+
+def test_a_file_that_is_not_a_database_is_refused_clearly(tmp_path: Path) -> None:
+    (tmp_path / "junk.db").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(TetherError, match=r"junk\.db is not a usable store .*Fix: check the path"):
+        SQLiteStore(tmp_path / "junk.db")
+    (tmp_path / "folder.db").mkdir()
+    with pytest.raises(TetherError, match="not a usable store"):
+        SQLiteStore(tmp_path / "folder.db")
 
 
 def test_existing_id_is_refused(db: SQLiteStore) -> None:
@@ -596,6 +617,80 @@ def test_four_processes_append_to_one_file(db: SQLiteStore) -> None:
         assert len(entries) == length == db.length(run_id) > 10
         assert all(e.content[0]["text"].startswith(f"{run_id}-") for e in entries[2:])  # type: ignore[attr-defined]
         assert db.holder(run_id) is None
+
+
+def _post_and_settle(path: str, worker: int, count: int) -> None:
+    store = SQLiteStore(path)
+    for i in range(count):
+        text = [{"type": "text", "text": f"{worker}-{i}"}]
+        store.post("r1", {"type": "message", "role": "user", "content": text}, item_id=f"{worker}-{i}")
+        store.settle("r1")  # DURABILITY 2.1: try once more to take the run after posting
+    store.close()
+
+
+@pytest.mark.slow
+def test_posters_that_settle_leave_no_item_unjournaled(db: SQLiteStore) -> None:
+    _make(db, "r1")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_post_and_settle, args=(str(db.path), w, 25)) for w in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+    state = db.load("r1")
+    journaled = [
+        e.inbox_seq for e in state.history if isinstance(e, j.MessageAdded) and e.inbox_seq is not None
+    ]
+    assert journaled == list(range(100))  # each item once, in inbox order, none left behind
+    assert db.inbox_length("r1") == 100 and db.holder("r1") is None
+    assert db.list()[0].inbox_consumed == 99
+
+
+def _append_in_threes(path: str, batches: int) -> None:
+    store = SQLiteStore(path)
+    lease = store.claim("r1", Owner.here())
+    for i in range(batches):
+        batch = _batch(2 + 3 * i, 3, lease.owner.writer, text=f"{i}" * 100)
+        _append(store, "r1", lease, batch)
+    store.abandon(lease)
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_follower_sees_only_complete_appends(db: SQLiteStore) -> None:
+    _make(db, "r1")
+    proc = multiprocessing.get_context("spawn").Process(target=_append_in_threes, args=(str(db.path), 150))
+    proc.start()
+    last: list[j.Entry] = []
+    lengths = set()
+    while True:
+        done = not proc.is_alive()
+        last = last + db.read("r1", after_seq=len(last) - 1)  # tails, as follow() does
+        lengths.add(len(last))
+        assert (len(last) - 2) % 3 == 0 and db.length("r1") >= len(last)
+        if done:
+            break
+    proc.join()
+    assert proc.exitcode == 0
+    assert last == db.read("r1") and len(last) == 452 and len(lengths) > 1
+
+
+def test_save_load_and_settle_through_the_base_class(db: SQLiteStore) -> None:
+    from tether import Message, State
+
+    state = State(id="r1", messages=[Message.user("hi")])
+    db.save(state)
+    assert db.load("r1").history == state.history
+    state = db.load("r1")
+    state.add_message("again")
+    db.save(state)  # posted, then settled: no one holds the run
+    loaded = SQLiteStore(db.path).load("r1")
+    assert [e.kind for e in loaded.history] == ["run_started", "message", "message"]
+    assert loaded.history[-1].inbox_seq == 0 and loaded.inbox_consumed == 0  # type: ignore[attr-defined]
+    assert db.cancel("r1") is not None
+    assert db.load("r1").status == "cancelled" and db.list()[0].status == "cancelled"
+    assert db.holder("r1") is None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -44,11 +44,16 @@ def sigterm_received() -> bool:
     return _SIGTERM.is_set()
 
 
-def cancel_all_drives() -> None:
-    """Cancel every drive of this process (thread-safe; used by the SIGTERM handler)."""
+def cancel_all_drives() -> bool:
+    """Cancel every drive of this process (thread-safe; used by the SIGTERM handler).
+
+    Returns whether there was any drive to cancel.
+    """
     _SIGTERM.set()
-    for loop, task in list(_ACTIVE):
+    active = list(_ACTIVE)
+    for loop, task in active:
         loop.call_soon_threadsafe(task.cancel)
+    return bool(active)
 
 
 class _Renewer(threading.Thread):
@@ -194,7 +199,7 @@ class Drive:
         """Consume first, then recover (DURABILITY 1.3, DESIGN 7)."""
         await self._consume_inbox()
         state = self.state
-        if state.status == "running" and state.resumes_since_progress >= 3:
+        if state.status in ("running", "failed") and state.resumes_since_progress >= 3:
             self.act()
             state.queue(
                 j.RunStopped,
@@ -205,7 +210,7 @@ class Drive:
             self.done = True
             await self.flush()
             return
-        if state.status in ("completed", "cancelled"):
+        if state.status in ("completed", "cancelled", "waiting"):
             return  # returned as it is: a changed agent is noted only when the run goes on
         if state.status == "stopped" and self.agent.budget_exceeded(state) is not None:
             return

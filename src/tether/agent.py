@@ -63,7 +63,8 @@ def handle_sigterm() -> None:
     """
 
     def handler(signum: int, frame: object) -> None:
-        cancel_all_drives()
+        if not cancel_all_drives():
+            raise SystemExit(143)  # nothing to close: exit as SIGTERM asks
 
     signal.signal(signal.SIGTERM, handler)
 
@@ -347,14 +348,12 @@ class Agent:
         lease = await store.run_io(store.claim, state.id, Owner.here(state.writer), self._ttl(store))
         try:
             fresh = await store.run_io(store.read, state.id, state.saved - 1)
-            foreign = [
-                e for e in fresh if getattr(e, "inbox_seq", None) not in posted and e.kind != "tool_finished"
-            ]
+            foreign = _foreign_entries(fresh, posted)
             if foreign:
                 raise ConflictError(
-                    f"run {state.id} has {len(fresh)} entries this State has not seen. Fix: store.load(id) again",
+                    f"run {state.id} has {len(foreign)} entries this State has not seen. Fix: store.load(id) again",
                     run_id=state.id,
-                    seq=fresh[0].seq,
+                    seq=foreign[0].seq,
                 )
             for entry in fresh:
                 state.apply(entry)
@@ -367,13 +366,12 @@ class Agent:
 
     async def _take_existing(self, store: Store, run_id: str) -> tuple[State, Lease]:
         j.validate_run_id(run_id)
-        peek = await store.run_io(store.load, run_id)
-        self._check_run(peek)
         owner = Owner.here()
         lease = await store.run_io(store.claim, run_id, owner, self._ttl(store))
         try:
             state = await store.run_io(store.load, run_id)
             state.writer = owner.writer
+            self._check_run(state)
         except BaseException:
             await store.run_io(store.abandon, lease)
             raise
@@ -388,3 +386,20 @@ class Agent:
             raise ValueError(
                 f"run {state.id} belongs to agent {state.agent}; this is {self.name}. Fix: resume it with {state.agent}"
             )
+
+
+def _foreign_entries(fresh: list[j.Entry], posted: set[int]) -> list[j.Entry]:
+    """Entries appended since a State was loaded that did not come from its own posted items.
+
+    A State's own decision may have been journaled by someone else with the denied call's closing
+    ``tool_finished`` right after it; those are its own too (DURABILITY 1.4).
+    """
+    foreign: list[j.Entry] = []
+    own_decisions: set[str] = set()
+    for entry in fresh:
+        if getattr(entry, "inbox_seq", None) in posted:
+            if isinstance(entry, j.ApprovalDecided):
+                own_decisions.add(entry.call_id)
+        elif not (isinstance(entry, j.ToolFinished) and entry.call_id in own_decisions):
+            foreign.append(entry)
+    return foreign

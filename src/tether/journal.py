@@ -387,7 +387,7 @@ def decode_entry(
         CorruptJournalError: it is not JSON, fails its checksum, or has an unknown kind or field.
     """
     if isinstance(raw, dict):
-        obj = raw
+        obj = dict(raw)  # decoding takes fields out of it: never touch the caller's dict
     else:
         try:
             obj = orjson.loads(raw)
@@ -399,26 +399,30 @@ def decode_entry(
     if not isinstance(seq, int):
         raise CorruptJournalError(run_id, expected_seq, "the entry has no integer seq")
     version = obj.get("v") or journal_version
-    if obj.get("kind") == "run_started" and isinstance(obj.get("version"), int):
+    kind = obj.get("kind")
+    if kind == "run_started" and isinstance(obj.get("version"), int):
         version = max(version, obj["version"])
     if not isinstance(version, int):
         raise CorruptJournalError(run_id, seq, "the entry's format version is not a number")
     if version > FORMAT_VERSION:
         raise NewerFormatError(run_id, seq, version, FORMAT_VERSION)
-    if obj.get("h") != _checksum(obj):
+    h = obj.pop("h", None)
+    w = obj.pop("w", "")
+    digest = hashlib.blake2b(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
+    if h != digest:
         raise CorruptJournalError(run_id, seq, "the entry fails its checksum")
     while version < FORMAT_VERSION:
         obj = _MIGRATIONS[version](obj)
         version += 1
-    cls = KINDS.get(obj.get("kind"))  # type: ignore[arg-type]
+    obj.pop("kind", None)
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise CorruptJournalError(run_id, seq, f"unknown entry kind {obj.get('kind')!r}")
-    fields = {k: v for k, v in obj.items() if k != "kind"}
-    unknown = fields.keys() - _FIELD_SETS[cls]
-    if unknown:
-        raise CorruptJournalError(run_id, seq, f"unknown fields {sorted(unknown)} in a {cls.kind} entry")
+        raise CorruptJournalError(run_id, seq, f"unknown entry kind {kind!r}")
+    if not obj.keys() <= _FIELD_SETS[cls]:
+        unknown = sorted(obj.keys() - _FIELD_SETS[cls])
+        raise CorruptJournalError(run_id, seq, f"unknown fields {unknown} in a {cls.kind} entry")
     try:
-        return cls(**fields)
+        return cls(w=w, h=h, **obj)
     except TypeError as exc:
         raise CorruptJournalError(run_id, seq, f"a {cls.kind} entry cannot be read ({exc})") from None
 

@@ -88,8 +88,11 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "a c
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file of the store folder and its bytes."""
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+    """Every journal and inbox file of the store folder and its bytes.
+
+    Lock files are left out: a take records its owner there, which writes nothing of the run.
+    """
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.suffix != ".lock"}
 
 
 def kinds(state: Any) -> list[str]:

@@ -16,6 +16,7 @@ records the model request that killed the process.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -176,6 +177,13 @@ def script_for(scenario: str, scene: Scene) -> list[Any]:
             die()
         return answer(request)
 
+    async def model_hang(request: ModelRequest) -> Any:
+        if not scene.marker.exists():
+            scene.marker.write_bytes(orjson.dumps({"index": request.index, "pid": os.getpid()}))
+            await asyncio.sleep(30)
+            return "the hung request answered"
+        return answer(request)
+
     def until_all_in(request: ModelRequest) -> Any:
         items = sum(1 for m in request.messages if m.role == "user" and m.text.startswith("item "))
         return f"all {items} in" if items >= INBOX_TOTAL else call("wait_tool")
@@ -186,6 +194,7 @@ def script_for(scenario: str, scene: Scene) -> list[Any]:
         "idem_once": [call("sync_db"), answer],
         "idem_always": [call("always_dies"), answer],
         "model_kill": [call("add", a=1, b=2), model_killer],
+        "model_hang": [call("add", a=1, b=2), model_hang],
         "parallel": [[call("fast"), call("slow")], answer],
         "hold": [call("hold"), answer],
         "sigterm": [[call("hold"), call("hold_idem")], answer],
@@ -227,7 +236,7 @@ def main(argv: list[str]) -> int:
         poll_interval=0.05,
         retry_delay=0.01,
     )
-    if scenario == "sigterm":
+    if scenario in ("sigterm", "model_hang"):
         handle_sigterm()
     if mode == "add_message":
         state = store.load(run_id)

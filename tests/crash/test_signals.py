@@ -4,6 +4,8 @@ resumable (DESIGN 5.4)."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,37 @@ def test_sigterm_with_handle_sigterm_exits_143_after_releasing_the_run(tmp_path:
     first, second = out(side)["answer"].removeprefix("answer: ").split(" | ")
     assert first.startswith("aborted:") and "may or may not" in first
     assert second == "done:held on attempt 2"
+
+
+def test_sigterm_during_a_model_request_writes_nothing_for_it(tmp_path: Path) -> None:
+    runs, side = tmp_path / "runs", tmp_path / "side.jsonl"
+    marker = Path(str(side) + ".model_marker")
+    child = spawn("start", runs, "hang", side, "model_hang")
+    try:
+        wait_for(marker.exists, what="the second model request")
+        child.send_signal(signal.SIGTERM)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 143, child.stderr.read().decode()[-3000:]
+    state = FileStore(runs).load("hang")
+    assert kinds(state)[-2:] == ["tool_finished", "run_released"]
+    assert state.requests == 1, "no model_replied or model_failed for the interrupted request"
+    ok(run("resume", runs, "hang", side, "model_hang"))
+    report = out(side)
+    assert [r["index"] for r in report["requests"]] == [1]
+    assert report["answer"] == "answer: done:3"
+
+
+def test_sigterm_with_handle_sigterm_and_no_run_in_progress_still_exits_143(tmp_path: Path) -> None:
+    code = "import sys, time, tether\ntether.handle_sigterm()\nprint('ready', flush=True)\ntime.sleep(2)\n"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        child.send_signal(signal.SIGTERM)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 143

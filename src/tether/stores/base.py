@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import gc
 import os
 import socket
 import threading
@@ -297,7 +298,13 @@ class Store(abc.ABC):
     def load(self, run_id: str) -> State:
         """The run as its journal says: pure replay; never writes, never recovers."""
         j.validate_run_id(run_id)
-        state = State.replay(run_id, self.read(run_id))
+        collecting = gc.isenabled()
+        gc.disable()  # replay allocates many small objects and no cycles: the collector only slows it
+        try:
+            state = State.replay(run_id, self.read(run_id))
+        finally:
+            if collecting:
+                gc.enable()
         state.store_identity = self.identity
         return state
 
@@ -404,10 +411,7 @@ class Store(abc.ABC):
         Returns the run after the cancel was journaled, or None when a driver holds it (it stops the run
         within its poll interval).
         """
-        state = self.load(run_id)
-        self.post(
-            run_id, {"type": "cancel", "by": by, "seen_seq": len(state.history), "run_h": state.history[0].h}
-        )
+        self.post(run_id, {"type": "cancel", "by": by, "seen_seq": self.length(run_id)})
         return self.settle(run_id)
 
     async def follow(

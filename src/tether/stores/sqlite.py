@@ -26,6 +26,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -88,6 +89,10 @@ _LISTED = (
 _STOPPED = ("completed", "cancelled", "failed", "stopped")
 
 
+class _Connection(sqlite3.Connection):
+    """A connection that can be weakly referenced: one of a finished thread goes with the thread."""
+
+
 def _live(owner: str | None, expires: float | None, now: float) -> bool:
     return owner is not None and (expires is None or expires > now)
 
@@ -104,10 +109,8 @@ def _iso(value: datetime | timedelta | str) -> str:
     """A cutoff as the ISO form ``updated_at`` is stored in (UTC, microseconds, ``Z``)."""
     if isinstance(value, timedelta):
         value = datetime.now(UTC) - value
-    elif isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
+    value = datetime.fromisoformat(value) if isinstance(value, str) else value
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -117,8 +120,7 @@ def _all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list
 
 
 def _one(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
-    rows = _all(conn, sql, params)
-    return rows[0] if rows else None
+    return next(iter(_all(conn, sql, params)), None)
 
 
 def _check_batch(run_id: str, entries: Sequence[j.Entry], first_seq: int) -> None:
@@ -165,9 +167,12 @@ class SQLiteStore(Store):
         if created:
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
+        self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._conns_lock = threading.Lock()
-        self._migrate(self._conn())
+        try:
+            self._migrate(self._conn())
+        except sqlite3.DatabaseError as exc:  # not a database, a folder, no permission, locked too long
+            raise TetherError(f"{self.path} is not a usable store ({exc}). Fix: check the path") from exc
         if created:
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(OSError):
@@ -183,24 +188,18 @@ class SQLiteStore(Store):
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
             return conn
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None)
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None, factory=_Connection
+        )
         conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
-        deadline = time.monotonic() + self.busy_timeout_ms / 1000
-        while True:  # switching to WAL needs a moment without other writers; it is kept in the file after
-            try:
-                mode = _one(conn, "PRAGMA journal_mode = WAL")[0]
-                break
-            except sqlite3.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
+        mode = _one(conn, "PRAGMA journal_mode = WAL")[0]  # kept in the file; waits out other writers
         if str(mode).lower() != "wal":
             raise TetherError(f"{self.path} cannot use WAL (mode {mode}). Fix: put it on a local disk")
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA foreign_keys = ON")
         self._local.conn, self._local.pid = conn, os.getpid()
         with self._conns_lock:
-            self._conns.append(conn)
+            self._conns.add(conn)
         return conn
 
     @contextlib.contextmanager
@@ -237,7 +236,7 @@ class SQLiteStore(Store):
     def close(self) -> None:
         """Close this store's connections (those of other threads as far as sqlite3 allows)."""
         with self._conns_lock:
-            conns, self._conns = self._conns, []
+            conns, self._conns = list(self._conns), weakref.WeakSet()
         for conn in conns:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
@@ -371,8 +370,9 @@ class SQLiteStore(Store):
         conn = self._conn()
         rows = _all(
             conn,
-            "SELECT seq, body FROM entries WHERE run_id = ? AND (seq > ? OR seq = 0) ORDER BY seq",
-            (run_id, after_seq),
+            "SELECT seq, body FROM entries WHERE run_id = ? AND seq = 0 UNION ALL "
+            "SELECT seq, body FROM entries WHERE run_id = ? AND seq > ? ORDER BY seq",
+            (run_id, run_id, max(after_seq, 0)),
         )
         if not rows:
             self._row(conn, run_id, "1")

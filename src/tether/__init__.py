@@ -6,6 +6,8 @@ crash, and a finished tool never runs again.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._events import EntryEvent, Event, Reset, TextDelta
 from .agent import Agent, handle_sigterm
 from .errors import (
@@ -24,8 +26,12 @@ from .messages import Message
 from .models import Model, ModelReply, ModelRequest
 from .permissions import Rule, allow, ask, deny
 from .state import OpenCall, PendingApproval, State
-from .stores import FileStore, Lease, MemoryStore, Owner, RunInfo, Store, open_store
+from .stores import Lease, MemoryStore, Owner, RunInfo, Store, open_store
 from .tools import Tool, ToolContext, ToolInputError, tool
+
+if TYPE_CHECKING:
+    from .stores.files import FileStore
+    from .stores.sqlite import SQLiteStore
 
 __all__ = [
     "Agent",
@@ -52,6 +58,7 @@ __all__ = [
     "RunBusyError",
     "RunInfo",
     "RunNotFoundError",
+    "SQLiteStore",
     "State",
     "Store",
     "StoreBrokenError",
@@ -69,3 +76,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """FileStore and SQLiteStore load on first use, so ``import tether`` stays cheap."""
+    if name in ("FileStore", "SQLiteStore"):
+        from . import stores
+
+        return getattr(stores, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -174,8 +174,8 @@ class Drive:
         loop = asyncio.get_running_loop()
         assert task is not None
         _ACTIVE.add((loop, task))
-        if self.lease.expires_at is not None and self.store.ttl:
-            self.renewer = _Renewer(self.store, self.lease, self.store.ttl, lambda: self._lost(loop, task))
+        if self.lease.expires_at is not None and self.lease.ttl:
+            self.renewer = _Renewer(self.store, self.lease, self.lease.ttl, lambda: self._lost(loop, task))
             self.renewer.start()
         try:
             await self._take_over()

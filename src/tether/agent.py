@@ -83,7 +83,7 @@ class Agent:
         poll_interval: seconds between inbox reads while tools run or the model is asked.
         model_retries: how many retryable model errors in a row are retried before the run fails.
         retry_delay: the first retry's delay in seconds (doubling, with jitter; ``retry-after`` honoured).
-        lease_ttl: lease length for stores with expiring leases.
+        lease_ttl: lease length in seconds for stores with expiring leases (default: the store's ``ttl``).
         on_unknown: ``"abort"`` closes a cut-off ``unsafe`` call ``aborted``; ``"ask"`` asks a person.
         strict_resume: raise instead of journaling ``agent_changed`` when the run's agent differs.
         permissions: allow, deny and ask rules (``tether.permissions``).
@@ -105,7 +105,7 @@ class Agent:
         poll_interval: float = 1.0,
         model_retries: int = 4,
         retry_delay: float = 0.5,
-        lease_ttl: float = 30.0,
+        lease_ttl: float | None = None,
         on_unknown: Literal["abort", "ask"] = "abort",
         strict_resume: bool = False,
         permissions: Sequence[Rule] = (),
@@ -332,7 +332,9 @@ class Agent:
         return state, store, lease
 
     def _ttl(self, store: Store) -> float | None:
-        return self.lease_ttl if store.ttl is not None else None
+        if store.ttl is None:
+            return None  # the store's lease is a lock the OS drops
+        return self.lease_ttl if self.lease_ttl is not None else store.ttl
 
     async def _take_state(self, store: Store, state: State) -> tuple[State, Store, Lease]:
         """Drive a State loaded earlier: post its changes, take the run, refuse it if stale (DURABILITY 1.4)."""

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .base import Lease, Owner, RunInfo, Store
-from .files import FileStore
 from .memory import MemoryStore
 
-__all__ = ["FileStore", "Lease", "MemoryStore", "Owner", "RunInfo", "Store", "open_store"]
+if TYPE_CHECKING:
+    from .files import FileStore
+    from .sqlite import SQLiteStore
+
+__all__ = ["FileStore", "Lease", "MemoryStore", "Owner", "RunInfo", "SQLiteStore", "Store", "open_store"]
+
+
+def __getattr__(name: str) -> Any:
+    """FileStore and SQLiteStore are imported on first use: ``import tether`` stays cheap."""
+    if name == "FileStore":
+        from .files import FileStore
+
+        return FileStore
+    if name == "SQLiteStore":
+        from .sqlite import SQLiteStore
+
+        return SQLiteStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_store(url: str) -> Store:
-    """A store from a URL: ``memory:``, ``file:PATH`` (or a plain path).
+    """A store from a URL: ``sqlite:///rel.db`` / ``sqlite:////abs.db``, ``file:PATH`` (or a plain path), ``memory:``.
+
+    ``open_store(store.identity)`` opens the same store again.
 
     Raises:
         ValueError: the URL's scheme is not known, or it names no path.
@@ -21,13 +41,26 @@ def open_store(url: str) -> Store:
         return MemoryStore()
     scheme, sep, rest = url.partition(":")
     if not sep or "/" in scheme or "\\" in scheme or len(scheme) == 1:  # a plain path (or C:\ on Windows)
+        from .files import FileStore
+
         return FileStore(url)
     if scheme == "file":
         path = rest[2:] if rest.startswith("//") else rest
         if not path:
             raise ValueError(f"store URL {url!r} names no folder. Fix: 'file:runs' or 'file:///abs/path'")
+        from .files import FileStore
+
         return FileStore(path)
+    if scheme == "sqlite":
+        path = rest[3:] if rest.startswith("///") else rest
+        if not path:
+            raise ValueError(
+                f"store URL {url!r} names no file. Fix: 'sqlite:///runs.db' or 'sqlite:////abs/runs.db'"
+            )
+        from .sqlite import SQLiteStore
+
+        return SQLiteStore(path)
     raise ValueError(
-        f"store URL {url!r} has an unknown scheme {scheme!r}. Fix: use 'file:PATH' or 'memory:' "
-        "(sqlite:// and postgresql:// arrive with their stores)"
+        f"store URL {url!r} has an unknown scheme {scheme!r}. Fix: use 'sqlite:///PATH', 'file:PATH' or "
+        "'memory:' (postgresql:// arrives with its store)"
     )

@@ -65,12 +65,16 @@ class Owner:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A held run: the fencing token (incremented by each claim), the owner, the expiry (None: a lock)."""
+    """A held run: the fencing token (incremented by each claim), the owner, the expiry (None: a lock).
+
+    ``ttl`` is the length it was claimed for; ``renew`` extends it by that much again.
+    """
 
     run_id: str
     token: int
     owner: Owner
     expires_at: float | None = None
+    ttl: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,7 @@ class MemoryStore(Store):
         run.token += 1
         run.owner = owner
         run.expires = time.monotonic() + ttl if ttl else None
-        return Lease(run_id, run.token, owner, time.time() + ttl if ttl else None)
+        return Lease(run_id, run.token, owner, time.time() + ttl if ttl else None, ttl)
 
     def append(
         self,
@@ -154,9 +154,9 @@ class MemoryStore(Store):
                 raise LeaseLostError(
                     f"run {lease.run_id} lease was lost. Fix: stop driving it", run_id=lease.run_id
                 )
-            ttl = None if lease.expires_at is None else self.ttl
+            ttl = lease.ttl
             run.expires = time.monotonic() + ttl if ttl else None
-            return Lease(lease.run_id, lease.token, lease.owner, time.time() + ttl if ttl else None)
+            return Lease(lease.run_id, lease.token, lease.owner, time.time() + ttl if ttl else None, ttl)
 
     def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
         with self._lock:

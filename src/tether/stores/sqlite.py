@@ -255,7 +255,7 @@ class SQLiteStore(Store):
     ) -> tuple[str, float | None, Lease]:
         ttl = self.ttl if ttl is None else ttl
         expires = time.time() + ttl if ttl is not None else None
-        return orjson.dumps(owner.to_dict()).decode(), expires, Lease(run_id, token, owner, expires)
+        return orjson.dumps(owner.to_dict()).decode(), expires, Lease(run_id, token, owner, expires, ttl)
 
     def create(
         self,
@@ -438,7 +438,7 @@ class SQLiteStore(Store):
             "WHERE id = ? RETURNING lease_token",
             (owner_json, expires, run_id),
         )
-        return Lease(run_id, int(token), owner, expires)
+        return Lease(run_id, int(token), owner, expires, ttl if ttl is not None else self.ttl)
 
     def claim(self, run_id: str, owner: Owner, ttl: float | None = None) -> Lease:
         with self._write() as conn:
@@ -474,7 +474,7 @@ class SQLiteStore(Store):
             return None if row is None else self._take(conn, row[0], owner, ttl)
 
     def renew(self, lease: Lease) -> Lease:
-        _, expires, renewed = self._lease(lease.run_id, lease.token, lease.owner, None)
+        _, expires, renewed = self._lease(lease.run_id, lease.token, lease.owner, lease.ttl)
         with self._write() as conn:
             cur = conn.execute(
                 "UPDATE runs SET lease_expires_at = ? "

@@ -56,26 +56,27 @@ def lookup(n: int) -> str:
 
 def run_turns(folder: Path, turns: int) -> dict[str, float]:
     """Drive one run of ``turns`` one-call turns and measure it."""
+    run_id = f"bench-{turns}"
     replies: list[object] = [call("lookup", n=i) for i in range(turns)]
     replies.append("done")
     store = FileStore(folder)
     agent = Agent(ScriptedModel(replies), name="bench", tools=[lookup], store=store, poll_interval=5.0)
     before = dict(_counts)
     start = time.perf_counter()
-    state = agent.run("go", id=f"bench-{turns}")
+    state = agent.run("go", id=run_id)
     elapsed = time.perf_counter() - start
     assert state.status == "completed", state.status
     syncs = sum(_counts.values()) - sum(before.values())
     used = "fdatasync" if _counts["fdatasync"] > before["fdatasync"] else "fsync"
-    journal = folder / f"bench-{turns}.jsonl"
+    journal = folder / f"{run_id}.jsonl"
     size = journal.stat().st_size
     appends = _count_appends(journal)
     load_start = time.perf_counter()
-    loaded = store.load(f"bench-{turns}")
+    loaded = store.load(run_id)
     load_time = time.perf_counter() - load_start
     assert len(loaded.history) == len(state.history)
     tracemalloc.start()
-    store.load(f"bench-{turns}")
+    store.load(run_id)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {
@@ -131,6 +132,13 @@ def sync_cost(folder: Path, sync_call: str) -> float:
     return statistics.median(times)
 
 
+def _median(samples: list[dict[str, float]], key: str) -> float:
+    values = [sample[key] for sample in samples]
+    if isinstance(values[0], str):
+        return values[0]  # type: ignore[return-value]
+    return statistics.median(values)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -144,14 +152,19 @@ def main() -> int:
     rows = []
     try:
         for turns in (int(t) for t in args.turns.split(",")):
-            folder = root / f"t{turns}"
-            folder.mkdir()
-            row = run_turns(folder, turns)
-            row["baseline"] = baseline(
-                folder, turns, row["syncs_per_turn"], int(row["append_bytes"]), str(row["sync_call"])
-            )
-            row["sync_cost"] = sync_cost(folder, str(row["sync_call"]))
-            rows.append(row)
+            reps = max(1, min(5, 2000 // turns))  # short runs are repeated: fsync latency is noisy
+            samples = []
+            for rep in range(reps):
+                folder = root / f"t{turns}-{rep}"
+                folder.mkdir()
+                row = run_turns(folder, turns)
+                row["baseline"] = baseline(
+                    folder, turns, row["syncs_per_turn"], int(row["append_bytes"]), str(row["sync_call"])
+                )
+                row["sync_cost"] = sync_cost(folder, str(row["sync_call"]))
+                samples.append(row)
+                shutil.rmtree(folder)
+            rows.append({key: _median(samples, key) for key in samples[0]})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"python {sys.version.split()[0]}, folder {root} ({rows[0]['sync_call']} per append)")

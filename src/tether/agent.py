@@ -245,6 +245,21 @@ class Agent:
         state, lease = await self._take_existing(store, run_id)
         return await Drive(self, store, state, lease).run()
 
+    async def adrive(self, store: Store, lease: Lease) -> State:
+        """Drive a run this process already holds (a Worker's ``claim_next``), then release it.
+
+        The lease's owner writer id becomes the State's writer. On a wrong agent or a subagent run the
+        lease is abandoned and ValueError raised.
+        """
+        try:
+            state = await store.run_io(store.load, lease.run_id)
+            state.writer = lease.owner.writer
+            self._check_run(state)
+        except BaseException:
+            await store.run_io(store.abandon, lease)
+            raise
+        return await Drive(self, store, state, lease).run()
+
     async def stream(self, prompt: str | Message | State, *, id: str | None = None) -> AsyncIterator[Event]:
         """Drive a run and yield its events: each entry after its append returned, and text deltas.
 

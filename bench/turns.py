@@ -179,7 +179,7 @@ def main() -> int:
             first_ratio = first_ratio or ratio
             ratio_text = f"{ratio:5.2f}x"
         print(
-            f"{row['turns']:>5}  {row['per_turn'] * 1e3:7.3f}  {row['baseline'] * 1e3:12.3f}  {ratio_text:>6}"
+            f"{int(row['turns']):>5}  {row['per_turn'] * 1e3:7.3f}  {row['baseline'] * 1e3:12.3f}  {ratio_text:>6}"
             f"  {row['syncs_per_turn']:10.2f}  {row['bytes_per_turn']:10.0f}  {row['load']:6.3f}"
             f"  {row['load_peak_mb']:12.1f}"
         )

@@ -11,20 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import journal as j
 from ._events import EntryEvent, Event, Reset, TextDelta
+from ._renewal import ACTIVE_DRIVES, Renewer
+from ._tool_runner import call_tool
 from .context import build_request
 from .errors import LeaseLostError
 from .inbox import InboxItem, close_denied, consume
 from .models.base import ModelReply
 from .state import ABORTED_UNKNOWN, State
 from .stores.base import Lease, Store
-from .tools import Tool, ToolContext, ToolInputError, result_to_blocks
+from .tools import ToolContext, ToolInputError, result_to_blocks
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -35,54 +35,6 @@ log = logging.getLogger("tether")
 
 _TERMINAL = frozenset({"completed", "cancelled", "failed", "stopped"})
 _RETRY_EFFECTS = frozenset({"read_only", "idempotent"})
-_SIGTERM = threading.Event()
-_ACTIVE: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
-
-
-def sigterm_received() -> bool:
-    """Whether ``handle_sigterm``'s handler has fired in this process."""
-    return _SIGTERM.is_set()
-
-
-def cancel_all_drives() -> bool:
-    """Cancel every drive of this process (thread-safe; used by the SIGTERM handler).
-
-    Returns whether there was any drive to cancel.
-    """
-    _SIGTERM.set()
-    active = list(_ACTIVE)
-    for loop, task in active:
-        loop.call_soon_threadsafe(task.cancel)
-    return bool(active)
-
-
-class _Renewer(threading.Thread):
-    """Renews a ttl lease every ttl/4 from its own thread; cancels the drive after ttl/2 without success."""
-
-    def __init__(self, store: Store, lease: Lease, ttl: float, on_lost: Callable[[], None]) -> None:
-        super().__init__(name=f"tether-renew-{lease.run_id}", daemon=True)
-        self.store, self.lease, self.ttl, self.on_lost = store, lease, ttl, on_lost
-        self.last_ok = time.monotonic()
-        self.stop_event = threading.Event()
-        self.lost = False
-
-    def run(self) -> None:
-        while not self.stop_event.wait(self.ttl / 4):
-            try:
-                self.lease = self.store.renew(self.lease)
-                self.last_ok = time.monotonic()
-            except LeaseLostError:
-                self.lost = True
-            except Exception as exc:  # a failed renewal is retried; too many stop the drive below
-                log.warning("renewing run %s failed: %s", self.lease.run_id, exc)
-            if self.lost or time.monotonic() - self.last_ok > self.ttl / 2:
-                self.lost = True
-                self.on_lost()
-                return
-
-    def fresh(self) -> bool:
-        """Whether the last successful renewal is younger than ttl/2 (a tool may start)."""
-        return not self.lost and time.monotonic() - self.last_ok <= self.ttl / 2
 
 
 class Drive:
@@ -109,7 +61,7 @@ class Drive:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.flush_lock = asyncio.Lock()
         self.flush_error: BaseException | None = None
-        self.renewer: _Renewer | None = None
+        self.renewer: Renewer | None = None
         self.lease_lost = False
         self.save_failed: BaseException | None = None
 
@@ -173,9 +125,9 @@ class Drive:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         assert task is not None
-        _ACTIVE.add((loop, task))
+        ACTIVE_DRIVES.add((loop, task))
         if self.lease.expires_at is not None and self.lease.ttl:
-            self.renewer = _Renewer(self.store, self.lease, self.lease.ttl, lambda: self._lost(loop, task))
+            self.renewer = Renewer(self.store, self.lease, self.lease.ttl, lambda: self._lost(loop, task))
             self.renewer.start()
         try:
             await self._take_over()
@@ -187,7 +139,7 @@ class Drive:
             await self._close_after(exc)
             raise
         finally:
-            _ACTIVE.discard((loop, task))
+            ACTIVE_DRIVES.discard((loop, task))
             if self.renewer is not None:
                 self.renewer.stop_event.set()
 
@@ -554,7 +506,7 @@ class Drive:
             ctx = ToolContext(state.id, call_id, record.attempt, record.key or "", tool.name)
             try:
                 kwargs = tool.validate(record.args if record.args is not None else {})
-                value = await _call_tool(tool, kwargs, ctx)
+                value = await call_tool(tool, kwargs, ctx)
                 outcome, content = "done", result_to_blocks(value)
             except TimeoutError:
                 effect = record.effect or tool.effect
@@ -665,42 +617,6 @@ class Drive:
             await self.store.run_io(self.store.abandon, self.lease)
         except Exception as exc:  # abandon never raises by contract; a broken store is only logged
             log.warning("releasing run %s failed: %s", self.state.id, exc)
-
-
-async def _call_tool(tool: Tool, kwargs: dict[str, Any], ctx: ToolContext) -> Any:
-    """Invoke a tool: async on the loop, sync on a thread of its own; ``timeout`` applied to both."""
-    if tool.is_async:
-        coro = tool.invoke_async(kwargs, ctx)
-        if tool.timeout:
-            return await asyncio.wait_for(coro, tool.timeout)
-        return await coro
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-
-    def target() -> None:
-        try:
-            value = tool.invoke_sync(kwargs, ctx)
-        except BaseException as exc:  # delivered to the awaiting task
-            loop.call_soon_threadsafe(_settle, future, None, exc)
-        else:
-            loop.call_soon_threadsafe(_settle, future, value, None)
-
-    thread = threading.Thread(target=target, name=f"tether-tool-{ctx.call_id}", daemon=True)
-    thread.start()
-    if tool.timeout:
-        return await asyncio.wait_for(asyncio.shield(future), tool.timeout)
-    return await future
-
-
-def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
-    if future.done():
-        if exc is None:
-            log.info("a tool result arrived after its call was closed; dropped")
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(value)
 
 
 def _text(text: str) -> dict[str, Any]:

@@ -12,8 +12,9 @@ from typing import Any, Literal
 import orjson
 
 from . import journal as j
-from ._driver import Drive, backoff, cancel_all_drives, sigterm_received
+from ._driver import Drive, backoff
 from ._events import Event
+from ._renewal import cancel_all_drives, sigterm_received
 from .errors import ConflictError
 from .messages import Message
 from .models import Model, resolve_model

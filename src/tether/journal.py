@@ -358,8 +358,12 @@ def seal(entries: Sequence[Entry], writer: str) -> list[Entry]:
     last = len(entries) - 1
     sealed: list[Entry] = []
     for j, entry in enumerate(entries):
-        stamped = dataclasses.replace(entry, w=writer, b=last - j, h="")
-        sealed.append(dataclasses.replace(stamped, h=_checksum(entry_to_dict(stamped))))
+        body = entry_to_dict(entry)
+        body["b"] = last - j
+        body.pop("w", None)
+        body.pop("h", None)
+        digest = hashlib.blake2b(orjson.dumps(body, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
+        sealed.append(dataclasses.replace(entry, w=writer, b=last - j, h=digest))
     return sealed
 
 

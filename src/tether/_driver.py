@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,7 @@ class Drive:
         self.renewer: Renewer | None = None
         self.lease_lost = False
         self.save_failed: BaseException | None = None
+        self.inbox_hint: tuple[int, float] = (0, float("-inf"))  # (inbox length, when it was read)
 
     # ----------------------------------------------------------------------------------------------
     # Writing
@@ -101,13 +103,15 @@ class Drive:
                     self.save_failed = error
                     raise error
                 self.state.batch_saved()
+                self.inbox_hint = (future.result(), time.monotonic())
                 if self.emit is not None:
                     for entry in batch:
                         self.emit(EntryEvent(entry))
                 if cancelled:
                     raise asyncio.CancelledError()
 
-    def _append(self, batch: list[j.Entry], info: dict[str, Any]) -> None:
+    def _append(self, batch: list[j.Entry], info: dict[str, Any]) -> int:
+        """Append a batch, then read the inbox's length in the same trip to the store's thread."""
         self.store.append(
             self.state.id,
             batch,
@@ -116,6 +120,7 @@ class Drive:
             lease_token=self.lease.token,
             info=info,
         )
+        return self.store.inbox_length(self.state.id)
 
     # ----------------------------------------------------------------------------------------------
     # The loop
@@ -400,7 +405,11 @@ class Drive:
     async def _read_inbox(self) -> list[InboxItem]:
         state = self.state
         known = max(state.inbox_consumed, max((i.inbox_seq for i in self.pending_items), default=-1))
+        hinted, when = self.inbox_hint
+        if hinted <= known + 1 and time.monotonic() - when < self.agent.poll_interval:
+            return []  # an append read the inbox's length less than a poll interval ago
         length = await self.store.run_io(self.store.inbox_length, state.id)
+        self.inbox_hint = (length, time.monotonic())
         if length <= known + 1:
             return []
         return await self.store.run_io(self.store.read_inbox, state.id, known)

@@ -21,6 +21,7 @@ from .errors import (
     StoreBrokenError,
     TetherError,
 )
+from .humans import ApprovalQuestion, Human, HumanDecision, ScriptedHuman, TerminalHuman
 from .inbox import InboxItem
 from .messages import Message
 from .models import Model, ModelReply, ModelRequest
@@ -35,11 +36,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Agent",
+    "ApprovalQuestion",
     "ConflictError",
     "CorruptJournalError",
     "EntryEvent",
     "Event",
     "FileStore",
+    "Human",
+    "HumanDecision",
     "InboxItem",
     "Lease",
     "LeaseLostError",
@@ -59,9 +63,11 @@ __all__ = [
     "RunInfo",
     "RunNotFoundError",
     "SQLiteStore",
+    "ScriptedHuman",
     "State",
     "Store",
     "StoreBrokenError",
+    "TerminalHuman",
     "TetherError",
     "TextDelta",
     "Tool",

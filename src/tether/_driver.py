@@ -21,6 +21,7 @@ from ._renewal import ACTIVE_DRIVES, Renewer
 from ._tool_runner import call_tool
 from .context import build_request
 from .errors import LeaseLostError
+from .humans import ApprovalQuestion
 from .inbox import InboxItem, close_denied, consume
 from .models.base import ModelReply
 from .state import ABORTED_UNKNOWN, State
@@ -66,6 +67,8 @@ class Drive:
         self.lease_lost = False
         self.save_failed: BaseException | None = None
         self.inbox_hint: tuple[int, float] = (0, float("-inf"))  # (inbox length, when it was read)
+        self.asked: set[str] = set()  # calls this drive asked agent.human about
+        self.waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
 
     # ----------------------------------------------------------------------------------------------
     # Writing
@@ -167,6 +170,7 @@ class Drive:
             self.done = True
             await self.flush()
             return
+        self.waiting_at_take = state.status == "waiting"
         if state.status in ("completed", "cancelled", "waiting"):
             return  # returned as it is: a changed agent is noted only when the run goes on
         if state.status == "stopped" and self.agent.budget_exceeded(state) is not None:
@@ -228,7 +232,7 @@ class Drive:
                     state.queue(
                         j.ApprovalRequested,
                         call_id=call.call_id,
-                        round=record.last_round + 1,
+                        round=max(record.last_round + 1, 1),  # round 0 is for rules (DURABILITY 2.5)
                         tool=call.tool,
                         args=call.args,
                         question="the run stopped while this call ran: run it again, or report it aborted?",
@@ -248,6 +252,10 @@ class Drive:
                 return
             if status == "stopped" and self.agent.budget_exceeded(state) is not None:
                 return
+            if self.agent.human is not None and not self.waiting_at_take:
+                await self._ask_human()
+                if self.done or state.status == "cancelled":
+                    return
             runnable = [c for c in state.open_calls if c.action in ("run", "retry")]
             if runnable:
                 await self._run_calls([c.call_id for c in runnable])
@@ -398,6 +406,61 @@ class Drive:
             )
         elif decision == "ask":
             state.queue(j.ApprovalRequested, call_id=call_id, round=0, tool=name, args=block.get("args"))
+
+    # ----------------------------------------------------------------------------------------------
+    # People
+
+    async def _ask_human(self) -> None:
+        """Ask ``agent.human`` about each open approval, after the requests are durable (DESIGN 5.2).
+
+        The inbox is read meanwhile: a decision that arrives first wins and the person is told. Answers
+        are queued as ``approval_decided`` (denials closed at once); the starts join them in one append.
+        """
+        human = self.agent.human
+        assert human is not None
+        state = self.state
+        for call in state.pending_approvals:
+            if call.call_id in self.asked:
+                continue
+            self.asked.add(call.call_id)
+            await self.flush()
+            record = state.call(call.call_id)
+            assert record is not None
+            question = ApprovalQuestion(
+                state.id, call.call_id, call.tool, call.args, call.round, call.question
+            )
+            asking = asyncio.ensure_future(human.decide(question))
+            try:
+                while not asking.done():
+                    await asyncio.wait({asking}, timeout=self.agent.poll_interval)
+                    if not asking.done() and await self._consume_inbox() and record.open_round != call.round:
+                        asking.cancel()
+                        break
+            except BaseException:
+                asking.cancel()
+                raise
+            if state.status == "cancelled":
+                return
+            if record.open_round != call.round:
+                decision = record.decision
+                if decision is not None:
+                    verb = "approved" if decision.approved else "denied"
+                    human.notify(
+                        f"call {call.call_id} was already {verb} by {decision.by or 'someone'} at {decision.at}"
+                    )
+                continue
+            answer = asking.result()
+            self.act()
+            state.queue(
+                j.ApprovalDecided,
+                call_id=call.call_id,
+                round=call.round,
+                approved=answer.approved,
+                by=answer.by,
+                reason=answer.reason,
+            )
+            if not answer.approved:
+                close_denied(state, call.call_id, call.round, answer.by, answer.reason)
 
     # ----------------------------------------------------------------------------------------------
     # The inbox

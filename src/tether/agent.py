@@ -16,6 +16,7 @@ from ._driver import Drive, backoff
 from ._events import Event
 from ._renewal import cancel_all_drives, sigterm_received
 from .errors import ConflictError
+from .humans import Human
 from .messages import Message
 from .models import Model, resolve_model
 from .permissions import Decision, Rule, decide
@@ -90,6 +91,8 @@ class Agent:
         permissions: allow, deny and ask rules (``tether.permissions``).
         default_permission: the decision when no rule matches.
         on_text: called with each text delta while the model streams.
+        human: asked about calls that need approval while this process drives the run (``TerminalHuman``,
+            ``ScriptedHuman``); without one, such calls wait durably for a decision from anywhere.
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class Agent:
         permissions: Sequence[Rule] = (),
         default_permission: Decision = "allow",
         on_text: Callable[[str], None] | None = None,
+        human: Human | None = None,
     ) -> None:
         self.model = resolve_model(model)
         self.instructions = instructions
@@ -146,6 +150,11 @@ class Agent:
         self.permissions = list(permissions)
         self.default_permission = default_permission
         self.on_text = on_text
+        if human is not None and not isinstance(human, Human):
+            raise TypeError(
+                f"human {human!r} is not a Human. Fix: pass TerminalHuman(), ScriptedHuman(...) or an object with decide() and notify()"
+            )
+        self.human = human
         self._schemas = [t.schema for t in self.tools.values()]
 
     def __repr__(self) -> str:

@@ -375,3 +375,19 @@ def test_on_unknown_ask_lets_a_person_run_a_cut_off_unsafe_call_again(tmp_path: 
         state = FileStore(tmp_path / folder).load("pay")
         asked = [e for e in state.history if e.kind == "approval_requested"]
         assert [(e.call_id, e.round) for e in asked] == [("c3_0", 1)], "an on_unknown question is round 1"
+
+
+def test_terminal_human_asks_on_the_terminal_and_journals_the_answer() -> None:
+    import io
+
+    from tether import TerminalHuman
+
+    stdin = io.StringIO("y\nthe customer asked\nn\n\n")
+    stdout = io.StringIO()
+    human = TerminalHuman(by="jo", stdin=stdin, stdout=stdout)
+    model = ScriptedModel([call("_publish", text="one"), call("_publish", text="two"), "ok"])
+    state = Agent(model, tools=[_publish], store=MemoryStore(), human=human).run("go")
+    decided = [(e.approved, e.by, e.reason) for e in state.history if e.kind == "approval_decided"]
+    assert decided == [(True, "jo", "the customer asked"), (False, "jo", None)]
+    shown = stdout.getvalue()
+    assert '_publish({"text": "one"})' in shown and "Approve? [y/N]" in shown

@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import budgets
 from . import journal as j
 from ._events import EntryEvent, Event, Reset, TextDelta
 from ._renewal import ACTIVE_DRIVES, Renewer
+from ._subagents import ChildBusy, child_id_for, child_needs_work, drive_child
 from ._tool_runner import call_tool
 from .context import build_request
 from .errors import LeaseLostError
@@ -50,6 +52,7 @@ class Drive:
         lease: Lease,
         *,
         emit: Callable[[Event], None] | None = None,
+        inherited: dict[str, Any] | None = None,
     ) -> None:
         self.agent = agent
         self.store = store
@@ -68,6 +71,8 @@ class Drive:
         self.save_failed: BaseException | None = None
         self.inbox_hint: tuple[int, float] = (0, float("-inf"))  # (inbox length, when it was read)
         self.asked: set[str] = set()  # calls this drive asked agent.human about
+        self.inherited = inherited  # a parent's remaining budgets (for a subagent's run)
+        self.child_busy = False  # a child is held elsewhere: release with its call open
         self.waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
 
     # ----------------------------------------------------------------------------------------------
@@ -170,10 +175,10 @@ class Drive:
             self.done = True
             await self.flush()
             return
-        self.waiting_at_take = state.status == "waiting"
-        if state.status in ("completed", "cancelled", "waiting"):
+        self.waiting_at_take = state.status == "waiting" and not await self._children_with_work()
+        if state.status in ("completed", "cancelled") or self.waiting_at_take:
             return  # returned as it is: a changed agent is noted only when the run goes on
-        if state.status == "stopped" and self.agent.budget_exceeded(state) is not None:
+        if state.status == "stopped" and self.agent.budget_exceeded(state, self.inherited) is not None:
             return
         self._check_agent()
         self._recover()  # flushed with the first start or request, so a decision and its start share an append
@@ -250,15 +255,17 @@ class Drive:
             status = state.status
             if status in ("completed", "cancelled"):
                 return
-            if status == "stopped" and self.agent.budget_exceeded(state) is not None:
+            if status == "stopped" and self.agent.budget_exceeded(state, self.inherited) is not None:
                 return
             if self.agent.human is not None and not self.waiting_at_take:
                 await self._ask_human()
                 if self.done or state.status == "cancelled":
                     return
-            runnable = [c for c in state.open_calls if c.action in ("run", "retry")]
-            if runnable:
-                await self._run_calls([c.call_id for c in runnable])
+            runnable = [c.call_id for c in state.open_calls if c.action in ("run", "retry", "resume_child")]
+            if not runnable and state.open_calls and not self.child_busy:
+                runnable = await self._children_with_work()
+            if runnable and not self.child_busy:
+                await self._run_calls(runnable)
                 continue
             if state.open_calls:  # every open call waits for a person (or a child)
                 return
@@ -269,7 +276,7 @@ class Drive:
 
     async def _ask(self) -> None:
         state, agent = self.state, self.agent
-        reason = agent.budget_exceeded(state)
+        reason = agent.budget_exceeded(state, self.inherited)
         if reason is not None:
             self.act()
             state.queue(j.RunStopped, status="stopped", reason=reason, usage=dict(state.usage))
@@ -490,6 +497,8 @@ class Drive:
         self.pending_items = []
         if not items:
             return False
+        if any(item.type == "cancel" for item in items) and self.state.status not in _TERMINAL:
+            await self._cancel_children()
         consume(self.state, items)
         self.act()
         if self.state.status == "cancelled":
@@ -574,12 +583,20 @@ class Drive:
         assert record is not None
         tool = self.agent.tool(record.tool)
         assert tool is not None
+        usage: dict[str, int] | None = None
+        sub = self.agent.subagents.get(record.tool)
         while True:
             ctx = ToolContext(state.id, call_id, record.attempt, record.key or "", tool.name)
             try:
                 kwargs = tool.validate(record.args if record.args is not None else {})
-                value = await call_tool(tool, kwargs, ctx)
-                outcome, content = "done", result_to_blocks(value)
+                if sub is not None:
+                    child = await self._drive_child(call_id, kwargs["prompt"], sub)
+                    if child is None:
+                        return  # the child waits, or is busy elsewhere: the call stays open
+                    outcome, content, usage = child
+                else:
+                    value = await call_tool(tool, kwargs, ctx)
+                    outcome, content = "done", result_to_blocks(value)
             except TimeoutError:
                 effect = record.effect or tool.effect
                 limit = record.max_attempts or tool.max_attempts
@@ -602,13 +619,60 @@ class Drive:
         if record.outcome is not None or call_id not in {c.call_id for c in state.open_calls}:
             log.info("run %s call %s finished after it was closed; result dropped", state.id, call_id)
             return
-        state.queue(j.ToolFinished, call_id=call_id, outcome=outcome, content=content)
+        state.queue(j.ToolFinished, call_id=call_id, outcome=outcome, content=content, usage=usage)
         try:
             await self.flush()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the end of the batch writes what is missing, or raises
             self.flush_error = exc
+
+    async def _drive_child(
+        self, call_id: str, prompt: str, sub: Agent
+    ) -> tuple[str, list[dict[str, Any]], dict[str, int]] | None:
+        """Drive the subagent run of ``call_id``; None when it waits (``child_waiting``) or is busy."""
+        state, agent = self.state, self.agent
+        limits = budgets.tighter(agent.budgets(), self.inherited) if self.inherited else agent.budgets()
+        left = budgets.remaining(limits, state.turn, state.usage, agent.price)
+        try:
+            result = await drive_child(state, call_id, prompt, sub, self.store, left, agent.poll_interval)
+        except ChildBusy as exc:
+            log.warning("run %s: %s; releasing with call %s open", state.id, exc, call_id)
+            self.child_busy = True
+            return None
+        if result.outcome is None:
+            state.queue(j.ChildWaiting, call_id=call_id, child_id=result.child_id, pending=result.pending)
+            await self.flush()
+            return None
+        return result.outcome, result.content, result.usage
+
+    async def _children_with_work(self) -> list[str]:
+        """Open calls waiting on a child that has something to act on (they are re-entered)."""
+        out = []
+        for call in self.state.open_calls:
+            record = self.state.call(call.call_id)
+            if (
+                record is not None
+                and record.child_id is not None
+                and await self.store.run_io(child_needs_work, self.store, record.child_id)
+            ):
+                out.append(call.call_id)
+        return out
+
+    async def _cancel_children(self) -> None:
+        """Cancel the open subagent runs before the run's own cancel closes their calls (DURABILITY 6)."""
+        for call in self.state.open_calls:
+            record = self.state.call(call.call_id)
+            if record is None or (record.effect != "resumable" and record.child_id is None):
+                continue
+            child_id = record.child_id or child_id_for(self.state.id, call.call_id)
+            task = self.tasks.get(call.call_id)
+            if task is not None:  # this drive holds the child: it sees the cancel within a poll interval
+                await self.store.run_io(self.store.post, child_id, {"type": "cancel", "by": "parent"})
+                await asyncio.wait({task})
+                self.tasks.pop(call.call_id, None)
+            else:
+                await self.store.run_io(self.store.cancel_tree, child_id, "parent")
 
     # ----------------------------------------------------------------------------------------------
     # Stopping

@@ -11,10 +11,13 @@ from typing import Any, Literal
 
 import orjson
 
+from . import budgets
 from . import journal as j
 from ._driver import Drive, backoff
 from ._events import Event
 from ._renewal import cancel_all_drives, sigterm_received
+from ._subagents import subagent_tool
+from .budgets import Price
 from .errors import ConflictError
 from .humans import Human
 from .messages import Message
@@ -77,11 +80,14 @@ class Agent:
     Args:
         model: ``"anthropic:<model>"``, ``"openai:<model>"`` or a Model object.
         instructions: the system instructions.
-        tools: functions (wrapped with ``@tool`` if they are not already) or Tool objects.
+        tools: functions (wrapped with ``@tool`` if they are not already), Tool objects, or Agents with a
+            ``name`` and ``description`` (subagents: each call runs as a run of its own).
         store: where runs are journaled; None keeps each run in memory only (it still gets an id).
         name: the agent's name, recorded in each run; a run resumes only with an agent of its name.
         description: what the agent does (used when it is a subagent).
-        max_turns, max_tokens: budgets over the whole run, checked before each model request.
+        max_turns, max_tokens, max_cost: budgets over the whole run (cost in US dollars), checked before
+            each model request; reaching one stops the run ``stopped`` with the reason.
+        price: the model's price, needed for ``max_cost`` when tether does not know it.
         poll_interval: seconds between inbox reads while tools run or the model is asked.
         model_retries: how many retryable model errors in a row are retried before the run fails.
         retry_delay: the first retry's delay in seconds (doubling, with jitter; ``retry-after`` honoured).
@@ -95,17 +101,22 @@ class Agent:
             ``ScriptedHuman``); without one, such calls wait durably for a decision from anywhere.
     """
 
+    name: str
+    description: str | None
+
     def __init__(
         self,
         model: str | Model,
         *,
         instructions: str = "",
-        tools: Sequence[Tool | Callable[..., Any]] = (),
+        tools: Sequence[Tool | Agent | Callable[..., Any]] = (),
         store: Store | None = None,
         name: str = "agent",
         description: str | None = None,
         max_turns: int | None = None,
         max_tokens: int | None = None,
+        max_cost: float | None = None,
+        price: Price | None = None,
         poll_interval: float = 1.0,
         model_retries: int = 4,
         retry_delay: float = 0.5,
@@ -120,8 +131,13 @@ class Agent:
         self.model = resolve_model(model)
         self.instructions = instructions
         self.tools: dict[str, Tool] = {}
+        self.subagents: dict[str, Agent] = {}
         for item in tools:
-            made = item if isinstance(item, Tool) else make_tool(item)
+            if isinstance(item, Agent):
+                made = subagent_tool(item)
+                self.subagents[item.name] = item
+            else:
+                made = item if isinstance(item, Tool) else make_tool(item)
             if made.name in self.tools:
                 raise ValueError(f"two tools are named {made.name}. Fix: give one of them another name=")
             self.tools[made.name] = made
@@ -132,11 +148,18 @@ class Agent:
         self.store = store
         self.name = name
         self.description = description
-        for label, value in (("max_turns", max_turns), ("max_tokens", max_tokens)):
+        for label, value in (("max_turns", max_turns), ("max_tokens", max_tokens), ("max_cost", max_cost)):
             if value is not None and value < 1:
                 raise ValueError(f"{label}={value} is not positive. Fix: pass a positive number, or None")
         self.max_turns = max_turns
         self.max_tokens = max_tokens
+        self.max_cost = max_cost
+        self.price = price if price is not None else budgets.price_for(self.model.name)
+        if max_cost is not None and self.price is None:
+            raise ValueError(
+                f"no price for model {self.model.name}. Fix: pass price=Price(input=..., output=...) (US dollars "
+                "per million tokens)"
+            )
         if poll_interval <= 0:
             raise ValueError("poll_interval must be positive. Fix: pass seconds, e.g. 1.0")
         self.poll_interval = poll_interval
@@ -196,17 +219,17 @@ class Agent:
             out["max_turns"] = self.max_turns
         if self.max_tokens is not None:
             out["max_tokens"] = self.max_tokens
+        if self.max_cost is not None:
+            out["max_cost"] = self.max_cost
         return out
 
-    def budget_exceeded(self, state: State) -> str | None:
-        """Why no further model request is allowed, or None."""
-        if self.max_turns is not None and state.turn >= self.max_turns:
-            return f"max_turns: {state.turn} turns reached the limit of {self.max_turns}"
-        if self.max_tokens is not None:
-            used = state.usage.get("input_tokens", 0) + state.usage.get("output_tokens", 0)
-            if used >= self.max_tokens:
-                return f"max_tokens: {used} tokens reached the limit of {self.max_tokens}"
-        return None
+    def budget_exceeded(self, state: State, inherited: dict[str, Any] | None = None) -> str | None:
+        """Why no further model request is allowed, or None.
+
+        ``inherited`` are a parent's remaining budgets, which a subagent's run must also keep to.
+        """
+        limits = budgets.tighter(self.budgets(), inherited) if inherited else self.budgets()
+        return budgets.exceeded(limits, state.turn, state.usage, self.price)
 
     def retry_delay_for(self, attempt: int, retry_after: float | None) -> float:
         """Seconds to wait before retrying a failed model request."""
@@ -367,6 +390,10 @@ class Agent:
         self._check_run(state)
         posted: set[int] = set()
         for item in state.take_local_changes():
+            if item.get("run_id") not in (None, state.id):  # a subagent's call: its own inbox
+                body = {k: v for k, v in item.items() if k != "run_id"}
+                await store.run_io(store.post, item["run_id"], body, item_id=item["item_id"])
+                continue
             seq = await store.run_io(
                 store.post, state.id, {**item, "run_h": state.history[0].h}, item_id=item["item_id"]
             )

@@ -91,12 +91,15 @@ class _Call:
     asked_at: str = ""
     question: str | None = None
     decision: _Decision | None = None
-    child_id: str | None = None
+    child_id: str | None = None  # set by child_waiting: the subagent run this call waits on
+    child_pending: list[dict[str, Any]] | None = None  # that child's calls waiting for a decision
 
     def plan(self) -> tuple[Action, str]:
         """What a resume would do with this call, from what the journal recorded."""
         if self.open_round is not None:
             return "wait", "waiting for a decision"
+        if self.child_id is not None:
+            return "wait", f"waiting for its subagent run {self.child_id}"
         if self.decision is not None and not self.started_after_decision:
             if not self.decision.approved:
                 return ("abort" if self.decision.round > 0 else "deny"), self.decision.reason or "denied"
@@ -150,6 +153,7 @@ class State:
         self._item_ids: set[str] = set()
         self._local: list[dict[str, Any]] = []  # changes not saved yet, as inbox items
         self._decided_locally: dict[str, _Decision] = {}
+        self._decided_children: set[tuple[str | None, str]] = set()
         self._saved = 0  # entries known durable
         self._batch: list[j.Entry] | None = None  # a sealed append in flight (resent as it is on retry)
         self.store_identity: str | None = None
@@ -192,11 +196,26 @@ class State:
     @property
     def pending_approvals(self) -> list[PendingApproval]:
         """Calls waiting for a decision, oldest first (decisions made on this State not yet saved excluded)."""
-        return [
-            PendingApproval(c.call_id, c.tool, c.args, c.asked_at, self.id, c.open_round, c.question)
-            for c in self._open.values()
-            if c.open_round is not None and c.call_id not in self._decided_locally
-        ]
+        out = []
+        for c in self._open.values():
+            if c.open_round is not None and c.call_id not in self._decided_locally:
+                out.append(
+                    PendingApproval(c.call_id, c.tool, c.args, c.asked_at, self.id, c.open_round, c.question)
+                )
+            for p in c.child_pending or ():
+                if (p.get("run_id"), p["call_id"]) not in self._decided_children:
+                    out.append(
+                        PendingApproval(
+                            p["call_id"],
+                            p.get("tool", ""),
+                            p.get("args"),
+                            p.get("asked_at", ""),
+                            p.get("run_id") or c.child_id or "",
+                            p.get("round", 0),
+                            p.get("question"),
+                        )
+                    )
+        return out
 
     @property
     def open_calls(self) -> list[OpenCall]:
@@ -256,11 +275,34 @@ class State:
     def _decide(
         self, call_id: str, approved: bool, by: str | None, reason: str | None, run_id: str | None
     ) -> None:
+        in_children = [p for p in self.pending_approvals if p.call_id == call_id and p.run_id != self.id]
+        if run_id is None and in_children and call_id in self._calls:
+            runs = ", ".join([self.id] + [p.run_id for p in in_children])
+            raise ValueError(f"call id {call_id} occurs in runs {runs}. Fix: pass run_id= to say which")
+        if run_id is None and len(in_children) > 1:
+            runs = ", ".join(p.run_id for p in in_children)
+            raise ValueError(f"call id {call_id} occurs in runs {runs}. Fix: pass run_id= to say which")
+        if run_id is None and in_children:
+            run_id = in_children[0].run_id
         if run_id is not None and run_id != self.id:
-            raise ValueError(
-                f"call {call_id} of run {run_id} is not in this State ({self.id}). Fix: load run {run_id} "
-                "and decide there"
-            )
+            child = [p for p in in_children if p.run_id == run_id]
+            if not child:
+                raise ValueError(
+                    f"run {run_id} has no call {call_id} waiting for a decision in this tree. Fix: pick a call "
+                    "id and run id from state.pending_approvals"
+                )
+            body = {
+                "call_id": call_id,
+                "round": child[0].round,
+                "approved": approved,
+                "by": by,
+                "reason": reason,
+            }
+            item = self._item("decision", body)
+            item["run_id"] = run_id  # posted to the child's inbox; its parent's driver journals it there
+            self._local.append(item)
+            self._decided_children.add((run_id, call_id))
+            return
         call = self._calls.get(call_id)
         if call is None:
             raise ValueError(
@@ -432,6 +474,8 @@ class State:
         call.key = e.idempotency_key
         call.max_attempts = e.max_attempts
         call.started_after_decision = True
+        call.child_id = None  # a re-entered subagent call runs again
+        call.child_pending = None
 
     def _on_tool_finished(self, e: j.ToolFinished) -> None:
         call = self._open_call(e, e.call_id)
@@ -457,7 +501,9 @@ class State:
             self.messages.extend(held)
 
     def _on_child_waiting(self, e: j.ChildWaiting) -> None:
-        self._open_call(e, e.call_id).child_id = e.child_id
+        call = self._open_call(e, e.call_id)
+        call.child_id = e.child_id
+        call.child_pending = list(e.pending)
 
     def _on_cancel_requested(self, e: j.CancelRequested) -> None:
         self._note_inbox(e.inbox_seq, None)

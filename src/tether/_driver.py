@@ -15,17 +15,20 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from . import budgets
 from . import journal as j
 from ._events import EntryEvent, Event, Reset, TextDelta
 from ._renewal import ACTIVE_DRIVES, Renewer
-from ._subagents import ChildBusy, child_id_for, child_needs_work, drive_child
+from ._subagents import ChildBusy, cancel_tree, child_id_for, child_needs_work, drive_child
 from ._tool_runner import call_tool
 from .context import build_request
 from .errors import LeaseLostError
 from .humans import ApprovalQuestion
 from .inbox import InboxItem, close_denied, consume
 from .models.base import ModelReply
+from .output import OUTPUT_TOOL, OutputSpec, OutputValidationError
 from .state import ABORTED_UNKNOWN, State
 from .stores.base import Lease, Store
 from .tools import ToolContext, ToolInputError, result_to_blocks
@@ -53,6 +56,7 @@ class Drive:
         *,
         emit: Callable[[Event], None] | None = None,
         inherited: dict[str, Any] | None = None,
+        output: OutputSpec | None = None,
     ) -> None:
         self.agent = agent
         self.store = store
@@ -73,6 +77,8 @@ class Drive:
         self.asked: set[str] = set()  # calls this drive asked agent.human about
         self.inherited = inherited  # a parent's remaining budgets (for a subagent's run)
         self.child_busy = False  # a child is held elsewhere: release with its call open
+        self.output = output if output is not None else agent.output
+        self.output_failures = 0
         self.waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
 
     # ----------------------------------------------------------------------------------------------
@@ -285,7 +291,8 @@ class Drive:
             return
         self.act()
         await self.flush()
-        request = build_request(state, agent.instructions, agent.tool_schemas())
+        schemas = agent.tool_schemas() + ([self.output.schema] if self.output is not None else [])
+        request = build_request(state, agent.instructions, schemas)
         deltas = 0
 
         def on_text(delta: str) -> None:
@@ -349,7 +356,7 @@ class Drive:
         raise exc
 
     async def _replied(self, reply: ModelReply) -> None:
-        state, agent = self.state, self.agent
+        state = self.state
         seq = len(state.history)
         content: list[dict[str, Any]] = []
         seen_provider_ids: set[str] = set()
@@ -377,20 +384,75 @@ class Drive:
             model=reply.model,
         )
         calls = [b for b in content if b["type"] == "tool_call"]
+        results = [b for b in calls if self.output is not None and b["name"] == OUTPUT_TOOL]
         for block in calls:
-            self._admit(block)
+            if block not in results:
+                self._admit(block)
         got_message = self._journal_pending_items()
         if state.status == "cancelled":
             self.done = True
             await self.flush()
             return
-        if not calls and not got_message:
+        if self.output is not None and (results or not calls):
+            await self._final_result(results, content, got_message)
+        elif not calls and not got_message:
             text = "".join(b.get("text", "") for b in content if b.get("type") == "text")
-            output = agent.parse_output(text)
-            state.queue(j.RunStopped, status="completed", answer=text, output=output, usage=dict(state.usage))
+            state.queue(j.RunStopped, status="completed", answer=text, usage=dict(state.usage))
             self.done = True
         if not any(c.action in ("run", "retry") for c in state.open_calls):
             await self.flush()
+
+    async def _final_result(
+        self, results: list[dict[str, Any]], content: list[dict[str, Any]], got_message: bool
+    ) -> None:
+        """Check a structured final result: accept it and stop, or send the error back (bounded)."""
+        state, output = self.state, self.output
+        assert output is not None
+        problem = None
+        if not results:
+            problem = (
+                f"the answer must be given by calling {OUTPUT_TOOL}. Fix: call {OUTPUT_TOOL} with the result"
+            )
+            state.queue(j.MessageAdded, role="user", content=[_text(problem)])
+        for extra in results[1:]:
+            text = f"only one final result is taken. Fix: call {OUTPUT_TOOL} once"
+            state.queue(j.ToolFinished, call_id=extra["id"], outcome="input_error", content=[_text(text)])
+        if results:
+            try:
+                value = output.validate(results[0].get("args"))
+            except ValueError as exc:
+                problem = str(exc)
+                state.queue(
+                    j.ToolFinished, call_id=results[0]["id"], outcome="input_error", content=[_text(problem)]
+                )
+        if problem is not None:
+            self.output_failures += 1
+            if self.output_failures > self.agent.output_retries:
+                reason = f"the final result did not validate after {self.output_failures} tries: {problem}"
+                state.queue(j.RunStopped, status="failed", reason=reason, usage=dict(state.usage))
+                self.done = True
+                await self.flush()
+                raise OutputValidationError(f"run {state.id}: {reason}")
+            return
+        state.queue(
+            j.ToolFinished, call_id=results[0]["id"], outcome="done", content=[_text("final result accepted")]
+        )
+        for call in state.open_calls:
+            if call.attempt == 0 and call.action in ("run", "wait"):
+                text = "not run: the final result was given"
+                state.queue(j.ToolFinished, call_id=call.call_id, outcome="cancelled", content=[_text(text)])
+        if got_message:
+            return  # a message came in meanwhile: the model is asked again
+        dumped = output.dump(value)
+        state.queue(
+            j.RunStopped,
+            status="completed",
+            answer=orjson.dumps(dumped).decode(),
+            output=dumped,
+            output_type=output.type_path,
+            usage=dict(state.usage),
+        )
+        self.done = True
 
     def _admit(self, block: dict[str, Any]) -> None:
         """Step 1-3 of DESIGN 5.2 for one call: input errors, deny rules, ask rules."""
@@ -672,7 +734,7 @@ class Drive:
                 await asyncio.wait({task})
                 self.tasks.pop(call.call_id, None)
             else:
-                await self.store.run_io(self.store.cancel_tree, child_id, "parent")
+                await self.store.run_io(cancel_tree, self.store, child_id, "parent")
 
     # ----------------------------------------------------------------------------------------------
     # Stopping

@@ -22,6 +22,7 @@ from .errors import ConflictError
 from .humans import Human
 from .messages import Message
 from .models import Model, resolve_model
+from .output import output_spec
 from .permissions import Decision, Rule, decide
 from .state import State
 from .stores.base import Lease, Owner, Store
@@ -99,6 +100,10 @@ class Agent:
         on_text: called with each text delta while the model streams.
         human: asked about calls that need approval while this process drives the run (``TerminalHuman``,
             ``ScriptedHuman``); without one, such calls wait durably for a decision from anywhere.
+        output_type: the type of the final answer (``state.output``); the model gives it by calling a
+            ``final_result`` tool whose arguments are validated.
+        output_retries: how many invalid final results are sent back to the model before the run fails
+            with OutputValidationError.
     """
 
     name: str
@@ -127,6 +132,8 @@ class Agent:
         default_permission: Decision = "allow",
         on_text: Callable[[str], None] | None = None,
         human: Human | None = None,
+        output_type: Any = None,
+        output_retries: int = 2,
     ) -> None:
         self.model = resolve_model(model)
         self.instructions = instructions
@@ -178,6 +185,8 @@ class Agent:
                 f"human {human!r} is not a Human. Fix: pass TerminalHuman(), ScriptedHuman(...) or an object with decide() and notify()"
             )
         self.human = human
+        self.output = output_spec(output_type) if output_type is not None else None
+        self.output_retries = output_retries
         self._schemas = [t.schema for t in self.tools.values()]
 
     def __repr__(self) -> str:
@@ -235,22 +244,20 @@ class Agent:
         """Seconds to wait before retrying a failed model request."""
         return backoff(attempt, self.retry_delay, retry_after)
 
-    def parse_output(self, text: str) -> Any:
-        """The typed output of a final answer (None without ``output_type``)."""
-        return None
-
     # ----------------------------------------------------------------------------------------------
     # Driving
 
-    def run(self, prompt: str | Message | State, *, id: str | None = None) -> State:
+    def run(self, prompt: str | Message | State, *, id: str | None = None, output_type: Any = None) -> State:
         """Start a run (or continue a State) and drive it to its next stop. See ``arun``."""
-        return _sync(lambda: self.arun(prompt, id=id), "run")
+        return _sync(lambda: self.arun(prompt, id=id, output_type=output_type), "run")
 
     def resume(self, run_id: str) -> State:
         """Continue a run from its journal. See ``aresume``."""
         return _sync(lambda: self.aresume(run_id), "resume")
 
-    async def arun(self, prompt: str | Message | State, *, id: str | None = None) -> State:
+    async def arun(
+        self, prompt: str | Message | State, *, id: str | None = None, output_type: Any = None
+    ) -> State:
         """Start a run from a prompt, or drive a State, to its next stop.
 
         A prompt creates a new run (an existing ``id`` is refused with ValueError before any model
@@ -262,8 +269,9 @@ class Agent:
             RunBusyError: another process drives the run.
             ConflictError: the State is stale (another process appended since it was loaded).
         """
+        output = output_spec(output_type) if output_type is not None else None
         state, store, lease = await self._take_for_run(prompt, id)
-        return await Drive(self, store, state, lease).run()
+        return await Drive(self, store, state, lease, output=output).run()
 
     async def aresume(self, run_id: str) -> State:
         """Continue a run from its journal, in any process: finished tools never run again.
@@ -293,14 +301,17 @@ class Agent:
             raise
         return await Drive(self, store, state, lease).run()
 
-    async def stream(self, prompt: str | Message | State, *, id: str | None = None) -> AsyncIterator[Event]:
+    async def stream(
+        self, prompt: str | Message | State, *, id: str | None = None, output_type: Any = None
+    ) -> AsyncIterator[Event]:
         """Drive a run and yield its events: each entry after its append returned, and text deltas.
 
         A consumer that stops iterating cancels the run as Ctrl+C does (it stays resumable).
         """
         state, store, lease = await self._take_for_run(prompt, id)
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
-        drive = Drive(self, store, state, lease, emit=queue.put_nowait)
+        output = output_spec(output_type) if output_type is not None else None
+        drive = Drive(self, store, state, lease, emit=queue.put_nowait, output=output)
         task = asyncio.ensure_future(drive.run())
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:

@@ -302,6 +302,7 @@ class RunStopped(Entry):
     status: str = "completed"
     answer: str | None = None
     output: Any = None
+    output_type: str | None = None
     reason: str | None = None
     usage: dict[str, Any] | None = None
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from . import journal as j
 from .errors import CorruptJournalError
 from .messages import Message, MessagesView
+from .output import typed_output
 
 __all__ = ["OpenCall", "PendingApproval", "State", "Status"]
 
@@ -144,6 +145,7 @@ class State:
         self.updated_at: str | None = None
         self.first_message: str | None = None
         self._stopped: j.RunStopped | None = None
+        self._typed_output: tuple[j.RunStopped, Any] | None = None
         self._stopped_seq = -1
         self._calls: dict[str, _Call] = {}
         self._open: dict[str, _Call] = {}  # calls without tool_finished, in call order
@@ -186,7 +188,14 @@ class State:
         """The typed output (with ``output_type``), else the answer."""
         if self._stopped is None:
             return None
-        return self._stopped.output if self._stopped.output is not None else self._stopped.answer
+        if self._stopped.output is None:
+            return self._stopped.answer
+        if self._typed_output is None or self._typed_output[0] is not self._stopped:
+            self._typed_output = (
+                self._stopped,
+                typed_output(self._stopped.output_type, self._stopped.output),
+            )
+        return self._typed_output[1]
 
     @property
     def reason(self) -> str | None:

@@ -27,7 +27,8 @@ from .context import build_request
 from .errors import LeaseLostError
 from .humans import ApprovalQuestion
 from .inbox import InboxItem, close_denied, consume
-from .models.base import ModelReply
+from .messages import Message
+from .models.base import ModelReply, ModelRequest
 from .output import OUTPUT_TOOL, OutputSpec, OutputValidationError
 from .state import ABORTED_UNKNOWN, State
 from .stores.base import Lease, Store
@@ -41,6 +42,11 @@ __all__ = ["Drive"]
 log = logging.getLogger("tether")
 
 _TERMINAL = frozenset({"completed", "cancelled", "failed", "stopped"})
+COMPACT_INSTRUCTIONS = "You summarize conversations so that work can continue from the summary alone."
+COMPACT_PROMPT = (
+    "Summarize the conversation so far for yourself: the task, what was done, the results that matter, "
+    "and what is left. Keep names, numbers and decisions exactly."
+)
 _RETRY_EFFECTS = frozenset({"read_only", "idempotent"})
 
 
@@ -290,6 +296,9 @@ class Drive:
             await self.flush()
             return
         self.act()
+        if agent.compact_at is not None and state.context_tokens >= agent.compact_at * agent.context_window:
+            await self.compact()
+            return
         await self.flush()
         schemas = agent.tool_schemas() + ([self.output.schema] if self.output is not None else [])
         request = build_request(state, agent.instructions, schemas)
@@ -321,6 +330,44 @@ class Drive:
             await self._model_failed(exc)
             return
         await self._replied(reply)
+
+    async def compact(self) -> None:
+        """Ask the model to summarize the run so far and journal ``compacted`` (between turns only).
+
+        The context is then the first user message, the summary and what follows; the history keeps
+        everything. A failed summary request is journaled ``model_failed`` like any other.
+        """
+        state, agent = self.state, self.agent
+        if state.open_calls:
+            raise ValueError(
+                f"run {state.id} has calls without a result; compaction falls between turns. Fix: resume the "
+                "run first"
+            )
+        self.act()
+        await self.flush()
+        base = build_request(state, agent.instructions, [])
+        ask = [*base.messages, Message.user(COMPACT_PROMPT)]
+        request = ModelRequest(base.index, COMPACT_INSTRUCTIONS, ask, [], state.id)
+        try:
+            reply = await agent.model.request(request, None)
+        except Exception as exc:
+            await self._model_failed(exc)
+            return
+        summary = "".join(b.get("text", "") for b in reply.content if b.get("type") == "text").strip()
+        state.queue(j.Compacted, summary=summary, upto_seq=len(state.history), usage=reply.usage)
+        await self.flush()
+
+    async def run_compaction(self) -> State:
+        """Consume the inbox, compact, and release: ``agent.compact`` as a short-lived taker."""
+        try:
+            await self._consume_inbox()
+            await self.compact()
+            while not await self._release():
+                pass
+            return self.state
+        except BaseException as exc:
+            await self._close_after(exc)
+            raise
 
     async def _watch_for_cancel(self, ask: asyncio.Future[ModelReply]) -> bool:
         """Wait for the reply while watching the inbox for a cancel; returns True when one came."""

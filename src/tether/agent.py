@@ -104,6 +104,9 @@ class Agent:
             ``final_result`` tool whose arguments are validated.
         output_retries: how many invalid final results are sent back to the model before the run fails
             with OutputValidationError.
+        compact_at: compact automatically before a request once the context is estimated at this fraction
+            of the model's window (the provider's last count plus an estimate of what was added since).
+        context_window: the model's context window in tokens, when tether does not know it.
     """
 
     name: str
@@ -134,6 +137,8 @@ class Agent:
         human: Human | None = None,
         output_type: Any = None,
         output_retries: int = 2,
+        compact_at: float | None = None,
+        context_window: int | None = None,
     ) -> None:
         self.model = resolve_model(model)
         self.instructions = instructions
@@ -187,6 +192,21 @@ class Agent:
         self.human = human
         self.output = output_spec(output_type) if output_type is not None else None
         self.output_retries = output_retries
+        window = (
+            context_window
+            or getattr(self.model, "context_window", None)
+            or budgets.window_for(self.model.name)
+        )
+        if compact_at is not None and not 0 < compact_at <= 1:
+            raise ValueError(
+                f"compact_at={compact_at} is not a fraction. Fix: pass a number in (0, 1], e.g. 0.8"
+            )
+        if compact_at is not None and window is None:
+            raise ValueError(
+                f"no context window known for model {self.model.name}. Fix: pass context_window=<tokens>"
+            )
+        self.compact_at = compact_at
+        self.context_window = int(window or 0)
         self._schemas = [t.schema for t in self.tools.values()]
 
     def __repr__(self) -> str:
@@ -285,6 +305,24 @@ class Agent:
         store = self._require_store("resume")
         state, lease = await self._take_existing(store, run_id)
         return await Drive(self, store, state, lease).run()
+
+    def compact(self, run: str | State) -> State:
+        """Summarize a run's conversation so far and journal ``compacted``. See ``acompact``."""
+        return _sync(lambda: self.acompact(run), "compact")
+
+    async def acompact(self, run: str | State) -> State:
+        """Take the run, ask the model for a summary of it, journal ``compacted``, and release it.
+
+        The context is then the first user message, the summary and the turns after it; the history
+        keeps everything. Compaction falls between turns: a run with calls open is refused (ValueError).
+        """
+        store = self._require_store("compact")
+        run_id = run.id if isinstance(run, State) else run
+        state, lease = await self._take_existing(store, run_id)
+        state = await Drive(self, store, state, lease).run_compaction()
+        if isinstance(run, State):
+            store.catch_up(run)
+        return state
 
     async def adrive(self, store: Store, lease: Lease) -> State:
         """Drive a run this process already holds (a Worker's ``claim_next``), then release it.

@@ -10,7 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["KNOWN_PRICES", "Price", "cost_of", "exceeded", "price_for", "remaining"]
+__all__ = [
+    "KNOWN_PRICES",
+    "KNOWN_WINDOWS",
+    "Price",
+    "cost_of",
+    "exceeded",
+    "price_for",
+    "remaining",
+    "window_for",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +42,20 @@ KNOWN_PRICES: dict[str, Price] = {
     "gpt-4o-mini": Price(0.15, 0.6, 0.075),
 }
 """Published list prices for a few models, by name prefix; pass ``price=`` for any other."""
+
+
+KNOWN_WINDOWS: dict[str, int] = {
+    "claude": 200_000,
+    "gpt-4.1": 1_047_576,
+    "gpt-4o": 128_000,
+}
+"""Context windows in tokens, by model name prefix."""
+
+
+def window_for(model_name: str) -> int | None:
+    """The known context window of a model (longest matching name prefix), or None."""
+    matches = [name for name in KNOWN_WINDOWS if model_name.startswith(name)]
+    return KNOWN_WINDOWS[max(matches, key=len)] if matches else None
 
 
 def price_for(model_name: str) -> Price | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .messages import MessagesView
 from .models.base import ModelRequest
 from .state import State
 
@@ -27,7 +26,7 @@ def build_request(state: State, instructions: str, tools: list[dict[str, Any]]) 
     return ModelRequest(
         index=state.requests,
         instructions=instructions,
-        messages=MessagesView(state.messages),
+        messages=state.context_messages,
         tools=tools,
         run_id=state.id,
     )

@@ -75,17 +75,25 @@ def _blocks(content: str | Sequence[dict[str, Any]]) -> tuple[dict[str, Any], ..
 
 
 class MessagesView(Sequence[Message]):
-    """A read-only view of the first ``length`` messages of a list; costs nothing to make.
+    """A read-only view of ``prefix`` followed by ``items[start:length]``; costs nothing to make.
 
-    The list it views only grows (compaction makes a new list), so the view never changes.
+    The list it views only grows, so the view never changes. ``prefix`` holds what compaction put in
+    place of earlier turns (the first user message and the summary).
     """
 
-    __slots__ = ("_items", "_length", "_start")
+    __slots__ = ("_items", "_length", "_prefix", "_start")
 
-    def __init__(self, items: list[Message], start: int = 0, length: int | None = None) -> None:
+    def __init__(
+        self,
+        items: list[Message],
+        start: int = 0,
+        length: int | None = None,
+        prefix: Sequence[Message] = (),
+    ) -> None:
         self._items = items
         self._start = start
-        self._length = (len(items) if length is None else length) - start
+        self._prefix = tuple(prefix)
+        self._length = (len(items) if length is None else length) - start + len(self._prefix)
 
     def __len__(self) -> int:
         return self._length
@@ -96,15 +104,18 @@ class MessagesView(Sequence[Message]):
     def __getitem__(self, index: slice) -> list[Message]: ...
     def __getitem__(self, index: int | slice) -> Message | list[Message]:
         if isinstance(index, slice):
-            return [self._items[self._start + i] for i in range(*index.indices(self._length))]
+            return [self[i] for i in range(*index.indices(self._length))]
         if index < 0:
             index += self._length
         if not 0 <= index < self._length:
             raise IndexError("message index out of range")
-        return self._items[self._start + index]
+        if index < len(self._prefix):
+            return self._prefix[index]
+        return self._items[self._start + index - len(self._prefix)]
 
     def __iter__(self) -> Iterator[Message]:
-        for i in range(self._start, self._start + self._length):
+        yield from self._prefix
+        for i in range(self._start, self._start + self._length - len(self._prefix)):
             yield self._items[i]
 
     def __repr__(self) -> str:

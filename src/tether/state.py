@@ -25,7 +25,9 @@ Action = Literal["run", "retry", "abort", "deny", "wait", "resume_child"]
 _PROGRESS_KINDS = frozenset(
     {"model_replied", "tool_finished", "approval_decided", "run_released", "run_stopped"}
 )
-_KEEP_STOPPED = frozenset({"inbox_skipped", "run_released", "run_resumed", "run_stopped", "cancel_requested"})
+_KEEP_STOPPED = frozenset(
+    {"inbox_skipped", "run_released", "run_resumed", "run_stopped", "cancel_requested", "compacted"}
+)
 _REQUEST_KINDS = frozenset({"model_replied", "model_failed", "compacted"})
 _RESUMABLE_RETRY = frozenset({"read_only", "idempotent"})
 ABORTED_UNKNOWN = (
@@ -145,6 +147,10 @@ class State:
         self.updated_at: str | None = None
         self.first_message: str | None = None
         self._stopped: j.RunStopped | None = None
+        self._context_start = 0  # after a compaction, the first message the model still sees
+        self._context_prefix: tuple[Message, ...] = ()
+        self._last_tokens = 0  # the provider's count of the last request's input and output
+        self._chars_since = 0  # characters added since that reply
         self._typed_output: tuple[j.RunStopped, Any] | None = None
         self._stopped_seq = -1
         self._calls: dict[str, _Call] = {}
@@ -239,8 +245,14 @@ class State:
 
     @property
     def context_messages(self) -> MessagesView:
-        """The messages as the model sees them now (a view, not a copy)."""
-        return MessagesView(self.messages)
+        """The messages as the model sees them now (a view, not a copy): after a compaction, the first
+        user message, the summary, and the messages since."""
+        return MessagesView(self.messages, self._context_start, prefix=self._context_prefix)
+
+    @property
+    def context_tokens(self) -> int:
+        """An estimate of the next request's input tokens: the last reply's count plus 4 chars a token since."""
+        return self._last_tokens + self._chars_since // 4
 
     def call(self, call_id: str) -> _Call | None:
         """The fold's record of one call (internal use by the driver)."""
@@ -404,7 +416,28 @@ class State:
         self.parent_call_id = e.parent_call_id
         self.messages = []
 
+    def _count(self, blocks: Sequence[dict[str, Any]]) -> None:
+        for block in blocks:
+            self._chars_since += len(block.get("text", "")) + len(str(block.get("content", ""))) // 2
+
+    def _on_compacted(self, e: j.Compacted) -> None:
+        if self._open:
+            self._fail(e, "a compaction while calls have no result")
+        first = next((m for m in self.messages if m.role == "user"), None)
+        summary = Message.user(f"Summary of the conversation so far:\n{e.summary}")
+        self._context_prefix = (first, summary) if first is not None else (summary,)
+        self._context_start = len(self.messages)
+        self._add_usage(e.usage)
+        self._last_tokens = len(e.summary) // 4
+        self._chars_since = 0
+
+    def _add_usage(self, usage: dict[str, int] | None) -> None:
+        for name, value in (usage or {}).items():
+            if isinstance(value, int):
+                self.usage[name] = self.usage.get(name, 0) + value
+
     def _add_message(self, msg: Message) -> None:
+        self._count(msg.content)
         if self._open:
             self._held.append(msg)
         else:
@@ -421,9 +454,18 @@ class State:
             self._fail(e, f"a model reply while calls {sorted(self._open)} have no result")
         self.turn += 1
         self.failures_since_reply = 0
-        for name, value in (e.usage or {}).items():
-            if isinstance(value, int):
-                self.usage[name] = self.usage.get(name, 0) + value
+        self._add_usage(e.usage)
+        usage = e.usage or {}
+        self._last_tokens = sum(
+            usage.get(name, 0)
+            for name in (
+                "input_tokens",
+                "output_tokens",
+                "cache_read_input_tokens",
+                "cache_creation_input_tokens",
+            )
+        )
+        self._chars_since = 0
         self.messages.append(Message("assistant", tuple(e.content)))
         self._reply_calls = []
         self._results = {}
@@ -491,9 +533,8 @@ class State:
         call.outcome = e.outcome
         call.open_round = None
         del self._open[e.call_id]
-        for name, value in (e.usage or {}).items():
-            if isinstance(value, int):
-                self.usage[name] = self.usage.get(name, 0) + value
+        self._add_usage(e.usage)
+        self._count(e.content)
         self._results[e.call_id] = {
             "type": "tool_result",
             "call_id": e.call_id,
@@ -596,6 +637,7 @@ _HANDLERS: dict[str, Any] = {
     "tool_started": State._on_tool_started,
     "tool_finished": State._on_tool_finished,
     "child_waiting": State._on_child_waiting,
+    "compacted": State._on_compacted,
     "cancel_requested": State._on_cancel_requested,
     "inbox_skipped": State._on_inbox_skipped,
     "budgets_changed": State._on_budgets_changed,

@@ -406,20 +406,20 @@ class Drive:
         state = self.state
         seq = len(state.history)
         content: list[dict[str, Any]] = []
-        seen_provider_ids: set[str] = set()
+        seen_provider_call_ids: set[str] = set()
         index = 0
         for block in reply.content:
             if block.get("type") == "tool_call":
-                provider_id = block.get("provider_id")
-                if not provider_id or provider_id in seen_provider_ids:
-                    provider_id = f"tether_{seq}_{index}"
-                seen_provider_ids.add(provider_id)
+                provider_call_id = block.get("provider_call_id")
+                if not provider_call_id or provider_call_id in seen_provider_call_ids:
+                    provider_call_id = f"tether_{seq}_{index}"
+                seen_provider_call_ids.add(provider_call_id)
                 block = {
                     "type": "tool_call",
                     "id": j.call_id_for(seq, index),
                     "name": block.get("name", ""),
                     "args": block.get("args"),
-                    "provider_id": provider_id,
+                    "provider_call_id": provider_call_id,
                 }
                 index += 1
             content.append(block)

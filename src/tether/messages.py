@@ -4,7 +4,7 @@ Content blocks are plain JSON dicts with a ``type``:
 
 - ``{"type": "text", "text": ...}``
 - ``{"type": "image", "media_type": "image/png", "data": <base64>}``
-- ``{"type": "tool_call", "id": <tether call id>, "name": ..., "args": {...}, "provider_id": ...}``
+- ``{"type": "tool_call", "id": <tether call id>, "name": ..., "args": {...}, "provider_call_id": ...}``
 - ``{"type": "tool_result", "call_id": ..., "outcome": ..., "content": [blocks]}``
 - provider blocks (``thinking`` and others) that adapters keep and send back unchanged.
 """

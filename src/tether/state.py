@@ -81,7 +81,7 @@ class _Call:
     call_id: str
     tool: str
     args: Any
-    provider_id: str | None
+    provider_call_id: str | None
     index: int
     attempt: int = 0
     effect: str | None = None
@@ -479,7 +479,7 @@ class State:
                 cid,
                 block.get("name", ""),
                 block.get("args"),
-                block.get("provider_id"),
+                block.get("provider_call_id"),
                 len(self._reply_calls),
             )
             self._calls[cid] = call
@@ -539,7 +539,7 @@ class State:
             "type": "tool_result",
             "call_id": e.call_id,
             "name": call.tool,
-            "provider_id": call.provider_id,
+            "provider_call_id": call.provider_call_id,
             "outcome": e.outcome,
             "content": e.content,
         }

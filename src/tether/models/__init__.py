@@ -2,9 +2,75 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .base import Model, ModelReply, ModelRequest, TextCallback
 
-__all__ = ["Model", "ModelReply", "ModelRequest", "TextCallback", "resolve_model"]
+if TYPE_CHECKING:
+    from ._http_errors import (
+        AuthenticationError,
+        BadRequestError,
+        ConnectionFailed,
+        ContextTooLongError,
+        InvalidResponseError,
+        OverloadedError,
+        ProviderError,
+        RateLimitError,
+        ServerError,
+    )
+    from .anthropic import AnthropicModel
+    from .openai import OpenAIModel
+
+__all__ = [
+    "AnthropicModel",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConnectionFailed",
+    "ContextTooLongError",
+    "InvalidResponseError",
+    "Model",
+    "ModelReply",
+    "ModelRequest",
+    "OpenAIModel",
+    "OverloadedError",
+    "ProviderError",
+    "RateLimitError",
+    "ServerError",
+    "TextCallback",
+    "resolve_model",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """The adapters and their errors load on first use: ``import tether`` imports no provider SDK."""
+    if name == "AnthropicModel":
+        from .anthropic import AnthropicModel
+
+        return AnthropicModel
+    if name == "OpenAIModel":
+        from .openai import OpenAIModel
+
+        return OpenAIModel
+    if name in _ERRORS:
+        from . import _http_errors
+
+        return getattr(_http_errors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_ERRORS = frozenset(
+    {
+        "AuthenticationError",
+        "BadRequestError",
+        "ConnectionFailed",
+        "ContextTooLongError",
+        "InvalidResponseError",
+        "OverloadedError",
+        "ProviderError",
+        "RateLimitError",
+        "ServerError",
+    }
+)
 
 _PROVIDERS = {"anthropic": "tether[anthropic]", "openai": "tether[openai]"}
 

@@ -39,7 +39,7 @@ class ModelReply:
     """A model's reply.
 
     Attributes:
-        content: content blocks; tool calls are ``{"type": "tool_call", "name", "args", "provider_id"}``
+        content: content blocks; tool calls are ``{"type": "tool_call", "name", "args", "provider_call_id"}``
             (tether assigns the ``id``).
         stop_reason: the provider's stop reason (``end_turn``, ``tool_use``, ``max_tokens``, ...).
         usage: token counts (``input_tokens``, ``output_tokens``, cache counts).

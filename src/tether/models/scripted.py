@@ -18,7 +18,7 @@ class ScriptedCall:
 
     name: str
     args: dict[str, Any] = field(default_factory=dict)
-    provider_id: str | None = None
+    provider_call_id: str | None = None
 
 
 def call(name: str, /, **args: Any) -> ScriptedCall:
@@ -85,7 +85,7 @@ def _to_reply(reply: Any) -> ModelReply:
                 "type": "tool_call",
                 "name": c.name,
                 "args": c.args,
-                "provider_id": c.provider_id or f"toolu_{i}",
+                "provider_call_id": c.provider_call_id or f"toolu_{i}",
             }
             for i, c in enumerate(reply)
         ]

@@ -89,7 +89,7 @@ def test_list_and_delete(workdir: Path) -> None:
 def test_stream_yields_entries_and_text(workdir: Path) -> None:
     out = run(workdir, "stream.py")
     assert out.returncode == 0, out.stderr
-    assert "entry: 0 run_started" not in out.stdout  # created before the stream starts: not an event
+    assert "entry: 0 run_started" in out.stdout  # the entries that created the run come first
     assert "tool_finished" in out.stdout
     assert out.stdout.rstrip().endswith("run_stopped")
     assert "text: 'It is cl'" in out.stdout

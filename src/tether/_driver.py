@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from .humans import ApprovalQuestion
 from .inbox import InboxItem, close_denied, consume
 from .messages import Message
 from .models.base import ModelReply, ModelRequest
-from .output import OUTPUT_TOOL, OutputSpec, OutputValidationError
+from .output import OUTPUT_TOOL, OutputSpec, OutputValidationError, output_spec
 from .state import ABORTED_UNKNOWN, State
 from .stores.base import Lease, Store
 from .tools import ToolContext, ToolInputError, result_to_blocks
@@ -83,8 +84,9 @@ class Drive:
         self.asked: set[str] = set()  # calls this drive asked agent.human about
         self.inherited = inherited  # a parent's remaining budgets (for a subagent's run)
         self.child_busy = False  # a child is held elsewhere: release with its call open
-        self.output = output if output is not None else agent.output
+        self.output = output if output is not None else agent.output or _journaled_output(state)
         self.output_failures = 0
+        self.cancelling: set[str] = set()  # subagent calls whose child is being cancelled
         self.waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
 
     # ----------------------------------------------------------------------------------------------
@@ -335,7 +337,8 @@ class Drive:
         """Ask the model to summarize the run so far and journal ``compacted`` (between turns only).
 
         The context is then the first user message, the summary and what follows; the history keeps
-        everything. A failed summary request is journaled ``model_failed`` like any other.
+        everything. Each failed summary request is journaled ``model_failed(purpose="compaction")``, which
+        leaves the run's status alone; retryable failures are retried, the others raised.
         """
         state, agent = self.state, self.agent
         if state.open_calls:
@@ -344,15 +347,29 @@ class Drive:
                 "run first"
             )
         self.act()
-        await self.flush()
-        base = build_request(state, agent.instructions, [])
-        ask = [*base.messages, Message.user(COMPACT_PROMPT)]
-        request = ModelRequest(base.index, COMPACT_INSTRUCTIONS, ask, [], state.id)
-        try:
-            reply = await agent.model.request(request, None)
-        except Exception as exc:
-            await self._model_failed(exc)
-            return
+        failures = 0
+        while True:
+            await self.flush()
+            base = build_request(state, agent.instructions, [])
+            ask = [*base.messages, Message.user(COMPACT_PROMPT)]
+            request = ModelRequest(base.index, COMPACT_INSTRUCTIONS, ask, [], state.id)
+            try:
+                reply = await agent.model.request(request, None)
+                break
+            except Exception as exc:
+                retryable = bool(getattr(exc, "retryable", False))
+                state.queue(
+                    j.ModelFailed,
+                    error_type=type(exc).__name__,
+                    error=str(exc)[:2000],
+                    retryable=retryable,
+                    purpose="compaction",
+                )
+                failures += 1
+                if not retryable or failures > agent.model_retries:
+                    await self.flush()
+                    raise
+                await asyncio.sleep(agent.retry_delay_for(failures, getattr(exc, "retry_after", None)))
         summary = "".join(b.get("text", "") for b in reply.content if b.get("type") == "text").strip()
         state.queue(j.Compacted, summary=summary, upto_seq=len(state.history), usage=reply.usage)
         await self.flush()
@@ -700,7 +717,7 @@ class Drive:
                 kwargs = tool.validate(record.args if record.args is not None else {})
                 if sub is not None:
                     child = await self._drive_child(call_id, kwargs["prompt"], sub)
-                    if child is None:
+                    if child is None or call_id in self.cancelling:
                         return  # the child waits, or is busy elsewhere: the call stays open
                     outcome, content, usage = child
                 else:
@@ -777,6 +794,7 @@ class Drive:
             child_id = record.child_id or child_id_for(self.state.id, call.call_id)
             task = self.tasks.get(call.call_id)
             if task is not None:  # this drive holds the child: it sees the cancel within a poll interval
+                self.cancelling.add(call.call_id)  # its result is dropped: the cancel closes the call
                 await self.store.run_io(self.store.post, child_id, {"type": "cancel", "by": "parent"})
                 await asyncio.wait({task})
                 self.tasks.pop(call.call_id, None)
@@ -862,6 +880,26 @@ class Drive:
             await self.store.run_io(self.store.abandon, self.lease)
         except Exception as exc:  # abandon never raises by contract; a broken store is only logged
             log.warning("releasing run %s failed: %s", self.state.id, exc)
+
+
+def _journaled_output(state: State) -> OutputSpec | None:
+    """The output type a run was started with, when its module is imported here (never imported for it).
+
+    Raises:
+        ValueError: the run needs an output type this process does not have.
+    """
+    if state.output_type is None:
+        return None
+    module_name, _, qualname = state.output_type.partition(":")
+    target: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part, None) if target is not None else None
+    if target is None:
+        raise ValueError(
+            f"run {state.id} was started with output_type {state.output_type}, which is not imported here. "
+            "Fix: import it, or pass Agent(output_type=...)"
+        )
+    return output_spec(target)
 
 
 def _text(text: str) -> dict[str, Any]:

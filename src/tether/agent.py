@@ -14,7 +14,7 @@ import orjson
 from . import budgets
 from . import journal as j
 from ._driver import Drive, backoff
-from ._events import Event
+from ._events import EntryEvent, Event
 from ._renewal import cancel_all_drives, sigterm_received
 from ._subagents import subagent_tool
 from .budgets import Price
@@ -22,7 +22,7 @@ from .errors import ConflictError
 from .humans import Human
 from .messages import Message
 from .models import Model, resolve_model
-from .output import output_spec
+from .output import OutputSpec, output_spec
 from .permissions import Decision, Rule, decide
 from .state import State
 from .stores.base import Lease, Owner, Store
@@ -161,7 +161,7 @@ class Agent:
         self.name = name
         self.description = description
         for label, value in (("max_turns", max_turns), ("max_tokens", max_tokens), ("max_cost", max_cost)):
-            if value is not None and value < 1:
+            if value is not None and (value <= 0 if label == "max_cost" else value < 1):
                 raise ValueError(f"{label}={value} is not positive. Fix: pass a positive number, or None")
         self.max_turns = max_turns
         self.max_tokens = max_tokens
@@ -290,7 +290,7 @@ class Agent:
             ConflictError: the State is stale (another process appended since it was loaded).
         """
         output = output_spec(output_type) if output_type is not None else None
-        state, store, lease = await self._take_for_run(prompt, id)
+        state, store, lease = await self._take_for_run(prompt, id, output)
         return await Drive(self, store, state, lease, output=output).run()
 
     async def aresume(self, run_id: str) -> State:
@@ -346,9 +346,13 @@ class Agent:
 
         A consumer that stops iterating cancels the run as Ctrl+C does (it stays resumable).
         """
-        state, store, lease = await self._take_for_run(prompt, id)
-        queue: asyncio.Queue[Event | None] = asyncio.Queue()
         output = output_spec(output_type) if output_type is not None else None
+        created = not (isinstance(prompt, State) and prompt.history)
+        state, store, lease = await self._take_for_run(prompt, id, output)
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        if created:  # the entries that created the run were appended before the drive: yield them first
+            for entry in state.history:
+                queue.put_nowait(EntryEvent(entry))
         drive = Drive(self, store, state, lease, emit=queue.put_nowait, output=output)
         task = asyncio.ensure_future(drive.run())
         task.add_done_callback(lambda _: queue.put_nowait(None))
@@ -387,7 +391,10 @@ class Agent:
             )
         return self.store
 
-    def _new_state(self, prompt: str | Message | State, run_id: str | None) -> State:
+    def _new_state(
+        self, prompt: str | Message | State, run_id: str | None, output: OutputSpec | None = None
+    ) -> State:
+        output = output or self.output
         if isinstance(prompt, State):
             messages, run_id = list(prompt.messages), prompt.id
         else:
@@ -395,6 +402,7 @@ class Agent:
         state = State(id=run_id)
         state.queue(
             j.RunStarted,
+            output_type=output.type_path if output is not None else None,
             agent=self.name,
             fingerprint=self.fingerprint(),
             budgets=self.budgets(),
@@ -405,7 +413,7 @@ class Agent:
         return state
 
     async def _take_for_run(
-        self, prompt: str | Message | State, run_id: str | None
+        self, prompt: str | Message | State, run_id: str | None, output: OutputSpec | None = None
     ) -> tuple[State, Store, Lease]:
         store = self.store if self.store is not None else MemoryStore()
         if isinstance(prompt, State) and prompt.history:
@@ -414,7 +422,7 @@ class Agent:
             return await self._take_state(store, prompt)
         if isinstance(prompt, State):
             store.check_state(prompt)
-        state = self._new_state(prompt, run_id)
+        state = self._new_state(prompt, run_id, output)
         owner = Owner.here(state.writer)
         batch = state.next_batch()
         lease = await store.run_io(

@@ -199,10 +199,11 @@ def close_open_calls(state: State, why: str) -> list[j.Entry]:
             out.append(
                 state.queue(j.ToolFinished, call_id=call.call_id, outcome="cancelled", content=[_text(why)])
             )
-        elif call.effect == "resumable":
-            text = "aborted: subagent cancelled"
         else:
-            text = f"aborted: the run was {why} while this call ran; it may or may not have taken effect"
+            if call.effect == "resumable":
+                text = "subagent cancelled"
+            else:
+                text = f"aborted: the run was {why} while this call ran; it may or may not have taken effect"
             out.append(
                 state.queue(j.ToolFinished, call_id=call.call_id, outcome="aborted", content=[_text(text)])
             )

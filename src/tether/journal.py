@@ -133,6 +133,7 @@ class RunStarted(Entry):
     root_id: str | None = None
     parent_call_id: str | None = None
     budgets: dict[str, Any] | None = None
+    output_type: str | None = None
     forked_from: dict[str, Any] | None = None
     submitted: bool = False
 
@@ -186,6 +187,7 @@ class ModelFailed(Entry):
     error_type: str = ""
     error: str = ""
     retryable: bool = False
+    purpose: str | None = None  # "compaction" for a failed summary request
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

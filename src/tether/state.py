@@ -134,6 +134,7 @@ class State:
         self.agent: str | None = None
         self.fingerprint: dict[str, Any] | None = None
         self.budgets: dict[str, Any] = {}
+        self.output_type: str | None = None  # the output type a run was started with (module:qualname)
         self.parent_id: str | None = None
         self.root_id: str | None = None
         self.parent_call_id: str | None = None
@@ -390,7 +391,11 @@ class State:
         if handler is not None:
             handler(self, entry)
         self.history.append(entry)
-        if self._stopped is not None and kind not in _KEEP_STOPPED:
+        if (
+            self._stopped is not None
+            and kind not in _KEEP_STOPPED
+            and not (kind == "model_failed" and getattr(entry, "purpose", None) == "compaction")
+        ):
             self._stopped = None
         if kind in _REQUEST_KINDS:
             self.requests += 1
@@ -411,6 +416,7 @@ class State:
         self.agent = e.agent
         self.fingerprint = e.fingerprint
         self.budgets = dict(e.budgets or {})
+        self.output_type = e.output_type
         self.parent_id = e.parent_id
         self.root_id = e.root_id or self.id
         self.parent_call_id = e.parent_call_id

@@ -117,6 +117,8 @@ class Drive:
                         if future.done():
                             break
                         cancelled = True
+                    except Exception:
+                        break  # the append failed: settled below
                 if future.cancelled() or future.exception() is not None:
                     error = future.exception() if not future.cancelled() else asyncio.CancelledError()
                     assert error is not None
@@ -125,6 +127,7 @@ class Drive:
                     self.save_failed = error
                     raise error
                 self.state.batch_saved()
+                self.save_failed = None
                 self.inbox_hint = (future.result(), time.monotonic())
                 if self.emit is not None:
                     for entry in batch:
@@ -830,7 +833,7 @@ class Drive:
         in_flight = list(self.tasks)
         self.tasks = {}
         state = self.state
-        if self.save_failed is not None and self.save_failed is exc:
+        if self.save_failed is not None:
             await self._give_up()  # the store refused this append; a retry here would fail the same way
             return
         if isinstance(exc, LeaseLostError) or self.lease_lost:

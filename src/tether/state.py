@@ -369,7 +369,17 @@ class State:
 
     @classmethod
     def replay(cls, run_id: str, entries: Sequence[j.Entry]) -> State:
-        """The State of a journal: pure replay, nothing written."""
+        """The State of a journal: pure replay, nothing written.
+
+        Raises:
+            CorruptJournalError: the journal does not begin with ``run_started``.
+        """
+        if not entries or entries[0].kind != "run_started":
+            raise CorruptJournalError(
+                run_id,
+                0,
+                "the journal does not begin with run_started (it is empty, or its creation was cut off)",
+            )
         state = cls(id=run_id)
         for entry in entries:
             state.apply(entry)

@@ -14,9 +14,20 @@ from typing import Any
 
 import orjson
 
+from ._crashtest import CrashCase, CrashReport, InvariantViolation, crash_test, record_execution
 from .models.scripted import ScriptedCall, ScriptedModel, call
 
-__all__ = ["ExecutionLog", "ScriptedCall", "ScriptedModel", "call"]
+__all__ = [
+    "CrashCase",
+    "CrashReport",
+    "ExecutionLog",
+    "InvariantViolation",
+    "ScriptedCall",
+    "ScriptedModel",
+    "call",
+    "crash_test",
+    "record_execution",
+]
 
 
 class ExecutionLog:

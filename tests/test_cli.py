@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tether import Agent, FileStore, Owner, open_store, tool
+from tether import Agent, FileStore, Owner, State, open_store, tool
 from tether import journal as j
 from tether._timeline import format_args, format_time, next_step, summarize, timeline_lines, truncate
 from tether.cli import DEFAULT_STORE, app
@@ -82,6 +82,7 @@ def assert_clean_error(code: int, output: str) -> None:
 def test_demo_kills_resumes_and_the_tool_ran_once() -> None:
     code, output = invoke("demo")
     assert code == 0, output
+    assert "store  sqlite:////" in output  # a SQLite file in a fresh temporary folder
     assert "SIGKILL (returncode -9)" in output
     assert "ran 1 time" in output
     assert "completed" in output
@@ -181,8 +182,18 @@ def test_ls_refuses_an_unknown_status(url: str) -> None:
     assert_clean_error(*invoke("ls", "--store", url, "--status", "done"))
 
 
-def test_default_store_is_one_constant() -> None:
-    assert DEFAULT_STORE == "file:.tether/runs"
+def test_default_store_is_a_sqlite_file_under_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert DEFAULT_STORE == "sqlite:///.tether/runs.db"
+    monkeypatch.chdir(tmp_path)
+    code, output = invoke("ls")
+    assert code == 0 and "no runs in sqlite:///.tether/runs.db (it does not exist yet)" in output, output
+    assert not (tmp_path / ".tether").exists()  # looking creates nothing
+    assert_clean_error(*invoke("show", "some-run"))
+    completed_run(f"sqlite:///{tmp_path / '.tether' / 'runs.db'}", "here-run")
+    code, output = invoke("ls")
+    assert code == 0 and "here-run" in output, output
 
 
 # --------------------------------------------------------------------------------------------------
@@ -390,5 +401,364 @@ def test_the_console_script_runs() -> None:
         [sys.executable, "-m", "tether.cli", "--help"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    for command in ("demo", "ls", "show", "cancel"):
+    for command in (
+        "demo",
+        "ls",
+        "show",
+        "cancel",
+        "rm",
+        "prune",
+        "fork",
+        "approve",
+        "deny",
+        "resume",
+        "run",
+    ):
         assert command in done.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# On SQLite: ls filters, rm, prune, fork
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'runs.db'}"
+
+
+def age_run(url: str, run_id: str, days: float) -> None:
+    """Make a SQLite run look last updated ``days`` ago."""
+    from datetime import UTC, datetime, timedelta
+
+    from tether.stores.sqlite import SQLiteStore
+
+    store = open_store(url)
+    assert isinstance(store, SQLiteStore)
+    at = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    store._conn().execute("UPDATE runs SET updated_at = ? WHERE id = ?", (at, run_id))
+    store.close()
+
+
+def make_tree(url: str, root: str = "root", child: str = "kid", *, pending: bool = False) -> None:
+    """A root waiting on a subagent run (``pending``: the child waits for a decision on c2_0)."""
+    store = open_store(url)
+    parent = State(id=root)
+    parent.queue(j.RunStarted, agent="boss", root_id=root)
+    parent.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "delegate"}])
+    parent.queue(j.ModelReplied, content=[{"type": "tool_call", "id": "c2_0", "name": "helper", "args": {}}])
+    parent.queue(j.ToolStarted, call_id="c2_0", tool="helper", effect="resumable", idempotency_key="k")
+    parent.queue(j.ChildWaiting, call_id="c2_0", child_id=child)
+    store.create(root, parent.next_batch(), parent.info())
+    kid = State(id=child)
+    kid.queue(j.RunStarted, agent="helper", parent_id=root, root_id=root, parent_call_id="c2_0")
+    kid.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "help"}])
+    if pending:
+        kid.queue(
+            j.ModelReplied, content=[{"type": "tool_call", "id": "c2_0", "name": "send_email", "args": {}}]
+        )
+        kid.queue(j.ApprovalRequested, call_id="c2_0", tool="send_email", args={})
+    store.create(child, kid.next_batch(), kid.info())
+    store.close()
+
+
+def test_ls_filters_by_agent_parent_and_limit_on_sqlite(db: str) -> None:
+    completed_run(db, "w1")
+    completed_run(db, "w2")
+    make_tree(db)
+    code, output = invoke("ls", "--store", db, "--json", "--agent", "weather")
+    assert code == 0, output
+    assert [run["id"] for run in json.loads(output)] == ["w2", "w1"]
+    code, output = invoke("ls", "--store", db, "--json", "--parent", "root")
+    assert [run["id"] for run in json.loads(output)] == ["kid"]
+    code, output = invoke("ls", "--store", db, "--limit", "2", "--json")
+    assert [run["id"] for run in json.loads(output)] == ["kid", "root"]
+    code, output = invoke("ls", "--store", db)
+    header, *rows = [line for line in output.splitlines() if line.strip()]
+    assert header.split()[:6] == ["id", "agent", "status", "turn", "updated", "parent"]
+    assert header.index("status") == rows[0].index("running (no owner)")  # aligned columns
+    assert [row.split()[0] for row in rows] == ["kid", "root", "w2", "w1"]
+    assert "root" in rows[0].split()[5:]  # the child's parent
+    assert_clean_error(*invoke("ls", "--store", db, "--parent", "../x"))
+
+
+def test_rm_deletes_refuses_held_runs_and_trees_need_children(db: str) -> None:
+    completed_run(db, "gone")
+    code, output = invoke("rm", "gone", "--store", db)
+    assert code == 0 and "deleted run gone" in output, output
+    assert not open_store(db).exists("gone")
+    weather_agent(db).submit("Weather?", id="held")
+    holder = open_store(db)
+    lease = holder.claim("held", Owner.here())
+    code, output = invoke("rm", "held", "--store", db)
+    assert_clean_error(code, output)
+    assert "driven by pid" in output and "Fix: wait for it" in output
+    holder.abandon(lease)
+    make_tree(db)
+    code, output = invoke("rm", "root", "--store", db)
+    assert_clean_error(code, output)
+    assert "has 1 subagent run. Fix: pass children=True" in output
+    assert_clean_error(*invoke("rm", "kid", "--store", db))  # through its root only
+    code, output = invoke("rm", "root", "--children", "--store", db)
+    assert code == 0 and "deleted run root and its 1 subagent run" in output, output
+    assert {info.id for info in open_store(db).list()} == {"held"}
+    assert_clean_error(*invoke("rm", "nope", "--store", db))
+
+
+def test_prune_by_age_and_status_with_a_dry_run(db: str) -> None:
+    for run_id in ("old-done", "old-failed", "new-done"):
+        completed_run(db, run_id)
+    weather_agent(db).submit("Weather?", id="old-running")
+    store = open_store(db)
+    store._conn().execute("UPDATE runs SET status = 'failed' WHERE id = 'old-failed'")  # type: ignore[attr-defined]
+    for run_id in ("old-done", "old-failed", "old-running"):
+        age_run(db, run_id, 31)
+    code, output = invoke("prune", "--older-than", "30d", "--dry-run", "--store", db)
+    assert code == 0, output
+    assert "would delete 2 runs (dry run: nothing deleted)" in output
+    assert "old-done" in output and "old-failed" in output and "old-running" not in output
+    assert len(store.list()) == 4
+    code, output = invoke("prune", "--older-than", "30d", "--status", "failed", "--store", db)
+    assert code == 0 and "deleted 1 run:" in output and "old-failed" in output, output
+    code, output = invoke("prune", "--older-than", "45d", "--store", db)
+    assert code == 0 and "no runs to prune" in output, output
+    code, output = invoke("prune", "--older-than", "720h", "--store", db)
+    assert code == 0 and "deleted 1 run:" in output and "old-done" in output, output
+    assert {info.id for info in store.list()} == {"new-done", "old-running"}
+    for bad in (["--older-than", "soon"], ["--older-than", "30d", "--status", "running"]):
+        assert_clean_error(*invoke("prune", *bad, "--store", db))
+
+
+def test_prune_trees_need_children(db: str) -> None:
+    make_tree(db)
+    store = open_store(db)
+    store._conn().execute("UPDATE runs SET status = 'completed'")  # type: ignore[attr-defined]
+    for run_id in ("root", "kid"):
+        age_run(db, run_id, 2)
+    code, output = invoke("prune", "--older-than", "90m", "--store", db)
+    assert code == 0 and "no runs to prune" in output, output
+    code, output = invoke("prune", "--older-than", "1d", "--children", "--store", db)
+    assert code == 0 and "deleted 2 runs:" in output and "kid" in output, output
+    assert store.list() == []
+
+
+def test_fork_rounds_down_to_a_turn_and_names_the_new_run(db: str) -> None:
+    completed_run(db, "src")
+    kinds = [e.kind for e in open_store(db).load("src").history]
+    started = kinds.index("tool_started")
+    code, output = invoke("fork", "src", "--at", str(started), "--id", "branch", "--store", db)
+    assert code == 0, output
+    assert (
+        f"forked run src at seq 1 as branch (seq {started} rounded down to the turn ending at seq 1)"
+        in output
+    )
+    assert "tether resume branch --agent" in output
+    fork = open_store(db).load("branch")
+    assert [e.kind for e in fork.history] == ["run_started", "message"]
+    code, output = invoke("fork", "src", "--store", db)
+    assert code == 0 and f"at seq {len(kinds) - 1} as " in output and "it is completed" in output, output
+    assert_clean_error(*invoke("fork", "src", "--id", "branch", "--store", db))
+    assert_clean_error(*invoke("fork", "src", "--at", "99", "--store", db))
+
+
+# --------------------------------------------------------------------------------------------------
+# approve, deny, run, resume
+
+
+AGENT_MODULE = '''
+import os
+from tether import Agent, open_store, tool
+from tether.testing import ExecutionLog, ScriptedModel, call
+
+LOG = ExecutionLog(os.path.join(os.path.dirname(__file__), "executions.log"))
+
+
+@tool(approval=True)
+def send_email(to: str) -> str:
+    """Send an email.
+
+    Args:
+        to: The address.
+    """
+    LOG.record(tool="send_email", to=to)
+    return f"sent to {to}"
+
+
+@tool(effect="read_only")
+def get_weather(city: str) -> str:
+    """Get the weather.
+
+    Args:
+        city: The city.
+    """
+    LOG.record(tool="get_weather", city=city)
+    return f"Sunny in {city}"
+
+
+agent = Agent(
+    ScriptedModel([call("send_email", to="bob@example.com"), "I emailed Bob."]),
+    name="mailer",
+    tools=[send_email],
+    store=open_store(os.environ["AGENT_STORE"]) if os.environ.get("AGENT_STORE") else None,
+)
+
+
+def make_weather():
+    return Agent(
+        ScriptedModel([call("get_weather", city="Paris"), "It is sunny in Paris."]),
+        name="weather",
+        tools=[get_weather],
+    )
+
+
+not_an_agent = 42
+'''
+
+
+@pytest.fixture
+def agent_file(tmp_path: Path) -> Path:
+    path = tmp_path / "agents" / "mailer_agent.py"
+    path.parent.mkdir()
+    path.write_text(AGENT_MODULE)
+    return path
+
+
+def executions(agent_file: Path) -> list[dict[str, object]]:
+    from tether.testing import ExecutionLog
+
+    return ExecutionLog(agent_file.parent / "executions.log").records()
+
+
+def waiting_run(db: str, run_id: str = "mail-1") -> None:
+    model = ScriptedModel([call("send_email", to="bob@example.com"), "I emailed Bob."])
+    agent = Agent(model, name="mailer", tools=[send_email], store=open_store(db))
+    assert agent.run("email bob", id=run_id).status == "waiting"
+
+
+def test_approve_journals_now_and_a_second_decision_is_refused(db: str) -> None:
+    waiting_run(db)
+    code, output = invoke("approve", "mail-1", "c3_0", "--by", "alice", "--reason", "fine", "--store", db)
+    assert code == 0, output
+    assert "call c3_0 of run mail-1 approved by alice: journaled at seq" in output
+    assert "run mail-1 is not being driven. Fix: tether resume mail-1 --agent ... or start a worker" in output
+    state = open_store(db).load("mail-1")
+    decided = [e for e in state.history if isinstance(e, j.ApprovalDecided)]
+    assert [(e.call_id, e.approved, e.by, e.reason) for e in decided] == [("c3_0", True, "alice", "fine")]
+    assert state.status == "running" and open_store(db).holder("mail-1") is None
+    code, output = invoke("approve", "mail-1", "c3_0", "--by", "bob", "--store", db)
+    assert_clean_error(code, output)
+    assert f"error: call c3_0 was already approved by alice at {decided[0].at}" in output
+    code, output = invoke("deny", "mail-1", "c3_0", "--by", "bob", "--store", db)
+    assert_clean_error(code, output)
+    assert "already approved by alice" in output
+    assert_clean_error(*invoke("approve", "mail-1", "c9_9", "--by", "bob", "--store", db))
+    assert_clean_error(*invoke("approve", "nope", "c3_0", "--by", "bob", "--store", db))
+
+
+def test_deny_journals_the_denial_and_the_model_is_asked_again(db: str) -> None:
+    waiting_run(db)
+    code, output = invoke("deny", "mail-1", "c3_0", "--by", "bob", "--reason", "not today", "--store", db)
+    assert code == 0, output
+    assert "call c3_0 of run mail-1 denied by bob: journaled at seq" in output
+    assert "is not being driven" in output
+    state = open_store(db).load("mail-1")
+    finished = [e for e in state.history if isinstance(e, j.ToolFinished)]
+    assert [(e.call_id, e.outcome) for e in finished] == [("c3_0", "denied")]
+    assert "not today" in finished[0].content[0]["text"]
+
+
+def test_approve_a_held_run_posts_to_its_inbox(db: str) -> None:
+    waiting_run(db)
+    holder = open_store(db)
+    lease = holder.claim("mail-1", Owner.here())
+    try:
+        code, output = invoke("approve", "mail-1", "c3_0", "--by", "alice", "--store", db)
+        assert code == 0, output
+        assert "approved by alice: posted to the run's inbox" in output
+        assert f"run mail-1 is driven by pid {os.getpid()}" in output and "within its poll interval" in output
+        assert holder.inbox_length("mail-1") == 1
+        assert holder.load("mail-1").status == "waiting"  # the holder journals it, not the poster
+    finally:
+        holder.abandon(lease)
+
+
+def test_approve_a_subagent_call_posts_to_the_child_and_names_the_root(db: str) -> None:
+    make_tree(db, pending=True)
+    before = open_store(db).read("kid")
+    code, output = invoke("approve", "root", "c2_0", "--run", "kid", "--by", "alice", "--store", db)
+    assert code == 0, output
+    assert "call c2_0 of run kid approved by alice: posted to the run's inbox" in output
+    assert "run root is not being driven. Fix: tether resume root --agent ... or start a worker" in output
+    store = open_store(db)
+    assert store.read("kid") == before and store.inbox_length("kid") == 1  # a child is never taken
+    [item] = store.read_inbox("kid")
+    assert item.body["call_id"] == "c2_0" and item.body["approved"] is True
+    code, output = invoke("approve", "nope-root", "c2_0", "--run", "kid", "--by", "alice", "--store", db)
+    assert_clean_error(code, output)
+    assert "is not a subagent run of nope-root" in output
+
+
+def test_run_then_approve_then_resume_with_an_agent_file(db: str, agent_file: Path) -> None:
+    spec = f"{agent_file}:agent"
+    code, output = invoke("run", spec, "email bob", "--id", "mail-2", "--store", db)
+    assert code == 0, output
+    assert '-> c3_0 send_email(to="bob@example.com")' in output
+    assert "c3_0 send_email" in output and "waits for a decision" in output
+    assert "run mail-2 is waiting" in output and "tether approve mail-2 c3_0 --by NAME" in output
+    assert executions(agent_file) == []
+    code, output = invoke("approve", "mail-2", "c3_0", "--by", "alice", "--store", db)
+    assert code == 0, output
+    code, output = invoke("resume", "mail-2", "--agent", spec, "--store", db)
+    assert code == 0, output
+    assert "I emailed Bob." in output and "run mail-2 is completed: I emailed Bob." in output
+    assert [r["tool"] for r in executions(agent_file)] == ["send_email"]
+    code, output = invoke("resume", "mail-2", "--agent", spec, "--store", db)  # nothing left to do
+    assert code == 0 and "run mail-2 is completed" in output, output
+    assert len(executions(agent_file)) == 1
+
+
+def test_run_streams_text_and_calls_with_a_factory_in_a_module(
+    db: str, agent_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(agent_file.parent)
+    monkeypatch.syspath_prepend(str(agent_file.parent))
+    code, output = invoke(
+        "run", "mailer_agent:make_weather", "Weather in Paris?", "--id", "w-1", "--store", db
+    )
+    assert code == 0, output
+    lines = output.splitlines()
+    assert '-> c3_0 get_weather(city="Paris")' in lines
+    assert any("c3_0 get_weather done" in line and "Sunny in Paris" in line for line in lines)
+    assert "It is sunny in Paris." in lines  # the streamed answer, on its own line
+    assert lines[-1] == "run w-1 is completed: It is sunny in Paris."
+    assert open_store(db).load("w-1").answer == "It is sunny in Paris."
+    code, output = invoke("run", "mailer_agent:make_weather", "again?", "--id", "w-1", "--store", db)
+    assert_clean_error(code, output)
+    assert "already exists" in output
+
+
+def test_run_uses_the_agents_own_store(
+    tmp_path: Path, agent_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own = f"sqlite:///{tmp_path / 'own.db'}"
+    monkeypatch.setenv("AGENT_STORE", own)
+    code, output = invoke("run", f"{agent_file}:agent", "email bob", "--id", "own-1")
+    assert code == 0, output
+    assert open_store(own).load("own-1").status == "waiting"
+
+
+def test_bad_agent_specs_are_clean_errors(db: str, agent_file: Path, tmp_path: Path) -> None:
+    for spec in ("no-colon", f"{tmp_path / 'missing.py'}:agent", f"{agent_file}:nothing",
+                 f"{agent_file}:not_an_agent", "no_such_module_xyz:agent", ":agent"):  # fmt: skip
+        code, output = invoke("resume", "r1", "--agent", spec, "--store", db)
+        assert_clean_error(code, output)
+
+
+def test_cancel_a_subagent_run_posts_it_and_names_the_root(db: str) -> None:
+    make_tree(db, pending=True)
+    before = open_store(db).read("kid")
+    code, output = invoke("cancel", "kid", "--store", db, "--by", "alice")
+    assert code == 0, output
+    assert "run kid is a subagent run of root: the cancel was posted to its inbox" in output
+    assert "run root is not being driven. Fix: tether resume root --agent ... or start a worker" in output
+    store = open_store(db)
+    assert store.read("kid") == before and store.inbox_length("kid") == 1  # a poster never takes a child

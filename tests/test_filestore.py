@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -838,3 +839,45 @@ def test_list_shows_runs_with_missing_or_partial_listing_records(tmp_path: Path)
     assert (runs["bare"].status, runs["bare"].length, runs["bare"].agent) == ("running", 2, None)
     assert runs["ok"].status == "running"
     assert len(store.read("bare")) == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# claim_next and prune read the listing without locks, then check again under the run's lock
+
+
+def test_prune_keeps_a_run_posted_to_after_the_listing_was_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    for run_id in ("r1", "r2"):
+        state, lease = create(store, run_id)
+        state.queue(j.RunStopped, status="completed", answer="done")
+        batch = state.next_batch()
+        store.append(
+            run_id, batch, expected_seq=2, writer=state.writer, lease_token=lease.token, info=state.info()
+        )
+        assert store.release(lease, at_seq=3, inbox_len=0)
+    stale = store._scan()
+    store.post("r1", {"type": "message", "role": "user", "content": []})  # after the listing was read
+    monkeypatch.setattr(store, "_scan", lambda: stale)
+    assert store.prune(timedelta(seconds=-60), dry_run=True) == ["r1", "r2"]  # what the stale listing says
+    assert store.prune(timedelta(seconds=-60)) == ["r2"]  # r1 is checked again under its locks: kept
+    assert store.exists("r1") and not store.exists("r2") and store.inbox_length("r1") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r1.inbox.jsonl", "r1.jsonl", "r1.lock"]
+
+
+def test_claim_next_checks_the_run_again_once_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileStore(tmp_path)
+    state, lease = create(store, "r1", held=False)
+    stale = store._scan()  # r1 running, no holder: it needs work
+    lease = store.claim("r1", Owner.here(state.writer))
+    state.queue(j.RunStopped, status="completed", answer="done")
+    batch = state.next_batch()
+    store.append("r1", batch, expected_seq=2, writer=state.writer, lease_token=lease.token, info=state.info())
+    assert store.release(lease, at_seq=3, inbox_len=0)  # a driver finished it meanwhile
+    monkeypatch.setattr(store, "_scan", lambda: stale)
+    assert store.claim_next(Owner.here()) is None  # claimed, found done, released
+    assert store.holder("r1") is None
+    store.post("r1", {"type": "message", "role": "user", "content": []})
+    taken = store.claim_next(Owner.here())  # the stale listing, but the fresh record has an item
+    assert taken is not None and taken.run_id == "r1" and store.holder("r1") == taken.owner

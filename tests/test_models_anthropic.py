@@ -240,7 +240,15 @@ def test_empty_text_is_left_out_and_odd_ids_are_made_wire_safe(
     messages = [
         Message.user("go"),
         Message.assistant(
-            [{"type": "tool_call", "id": "c1_0", "name": "add", "args": "{oops", "provider_call_id": "call:1"}]
+            [
+                {
+                    "type": "tool_call",
+                    "id": "c1_0",
+                    "name": "add",
+                    "args": "{oops",
+                    "provider_call_id": "call:1",
+                }
+            ]
         ),
         Message(
             "tool",

@@ -16,8 +16,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tether import (
     Agent,
     EntryEvent,
@@ -333,22 +331,12 @@ async def follow_stopped(store: Store, run_id: str, after_seq: int = -1) -> list
         del store.read
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Store.follow ends only when the last entry of a read is run_stopped; an inbox_skipped (or "
-    "compacted) after it keeps a follower of a stopped run polling for ever",
-)
 def test_follow_ends_for_a_stopped_run_whose_last_entry_is_not_run_stopped(store: Store) -> None:
     _stopped_run_with_an_entry_after_run_stopped(store)
     followed = asyncio.run(follow_stopped(store, "r"))
     assert [e.seq for e in followed] == list(range(len(store.read("r"))))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Store.follow never ends when after_seq is already at the end of a stopped run (nothing to "
-    "read, so the run_stopped check never runs)",
-)
 def test_follow_from_the_end_of_a_stopped_run_ends(store: Store) -> None:
     Agent(ScriptedModel(["done"]), store=store).run("go", id="r")
     last = len(store.read("r")) - 1

@@ -330,11 +330,6 @@ def test_cancelling_a_waiting_parent_closes_the_subagent_call_aborted(store: Sto
     assert tools.ran == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Store.cancel posts and settles only the run itself; the cascade (_subagents.cancel_tree) is "
-    "not used, and even it cannot settle a child because Store.settle refuses subagent runs",
-)
 def test_cancelling_a_waiting_parent_cancels_the_child_first(store: Store) -> None:
     _, tools, child_id = _waiting_tree(store)
     store.cancel("p1", by="alice")
@@ -353,11 +348,6 @@ def test_cancelling_a_waiting_parent_cancels_the_child_first(store: Store) -> No
     assert tools.ran == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Drive._cancel_children cancels an idle child with cancel_tree, whose Store.settle refuses "
-    "subagent runs, and inbox.close_open_calls never closes the resumable call",
-)
 def test_a_cancel_found_by_the_parents_driver_cancels_its_waiting_child(store: Store) -> None:
     parent, tools, child_id = _waiting_tree(store)
     store.post("p1", {"type": "cancel", "by": "alice", "seen_seq": len(store.read("p1"))})

@@ -32,7 +32,9 @@ from .tools import Tool, ToolContext, ToolInputError, tool
 
 if TYPE_CHECKING:
     from .stores.files import FileStore
+    from .stores.postgres import PostgresStore
     from .stores.sqlite import SQLiteStore
+    from .worker import Worker
 
 __all__ = [
     "Agent",
@@ -57,6 +59,7 @@ __all__ = [
     "OpenCall",
     "Owner",
     "PendingApproval",
+    "PostgresStore",
     "Reset",
     "Rule",
     "RunBusyError",
@@ -73,6 +76,7 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolInputError",
+    "Worker",
     "allow",
     "ask",
     "deny",
@@ -85,9 +89,13 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """FileStore and SQLiteStore load on first use, so ``import tether`` stays cheap."""
-    if name in ("FileStore", "SQLiteStore"):
+    """FileStore, SQLiteStore, PostgresStore and Worker load on first use: ``import tether`` stays cheap."""
+    if name in ("FileStore", "SQLiteStore", "PostgresStore"):
         from . import stores
 
         return getattr(stores, name)
+    if name == "Worker":
+        from .worker import Worker
+
+        return Worker
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -121,7 +121,8 @@ def run_demo(store_url: str | None = None, out: Printer = _plain) -> int:
     """Run the demo and print what happens; return the exit code (0: the tool ran once and the run completed).
 
     Args:
-        store_url: where the run is kept; None makes a fresh temporary folder (deleted at the end).
+        store_url: where the run is kept; None makes a SQLite file in a fresh temporary folder (deleted at
+            the end).
         out: prints one line with a style (see ``Printer``).
 
     Raises:
@@ -132,20 +133,23 @@ def run_demo(store_url: str | None = None, out: Printer = _plain) -> int:
     if store_url is not None and store_url.strip().startswith("memory:"):
         raise ValueError(
             "the demo runs in three processes, and a memory: store lives in one. Fix: pass "
-            "--store file:PATH, or leave --store out for a temporary folder"
+            "--store sqlite:///PATH or --store file:PATH, or leave --store out for a temporary SQLite file"
         )
     workdir = Path(tempfile.mkdtemp(prefix="tether-demo-"))
+    store: Store | None = None
     try:
-        url = store_url if store_url is not None else f"file:{workdir / 'runs'}"
+        url = store_url if store_url is not None else f"sqlite:///{workdir / 'runs.db'}"
         store = open_store(url)
         run_id = f"demo-{secrets.token_hex(4)}"
         code = _steps(store, url, run_id, workdir / "get_weather.log", out, started)
         if kept:
             out(f"Look at it again: tether show {run_id} --store {url}", "dim")
         else:
-            out("To keep the run for tether show: tether demo --store file:demo-runs", "dim")
+            out("To keep the run for tether show: tether demo --store sqlite:///demo.db", "dim")
         return code
     finally:
+        if store is not None:
+            store.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -177,11 +177,13 @@ def child_needs_work(store: Store, child_id: str) -> bool:
     )
 
 
-def cancel_tree(store: Store, run_id: str, by: str | None = None) -> State | None:
+def cancel_tree(store: Store, run_id: str, by: str | None = None, by_parent: bool = False) -> State | None:
     """Cancel a run and, first, every open subagent run under it (DURABILITY 6).
 
     Each run gets a cancel item in its inbox and is settled at once when no one holds it (a held run's
-    driver acts on it within its poll interval). Returns the run as settled, or None when it is held.
+    driver acts on it within its poll interval). ``by_parent`` lets a parent's cancel take its child
+    (DURABILITY 6: a child is otherwise reached only through its root). Returns the run as settled, or
+    None when it is held.
     """
     state = store.load(run_id)
     if state.status not in ("completed", "failed", "cancelled", "stopped"):
@@ -190,6 +192,6 @@ def cancel_tree(store: Store, run_id: str, by: str | None = None) -> State | Non
             if record is not None and (record.effect == "resumable" or record.child_id is not None):
                 child_id = record.child_id or child_id_for(run_id, call.call_id)
                 if store.exists(child_id):
-                    cancel_tree(store, child_id, by)
+                    cancel_tree(store, child_id, by, by_parent=True)
     store.post(run_id, {"type": "cancel", "by": by, "seen_seq": len(state.history)})
-    return store.settle(run_id)
+    return store.settle(run_id, by_parent=by_parent)

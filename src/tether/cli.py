@@ -1,145 +1,47 @@
-"""The ``tether`` command: look at runs, cancel them, and watch the crash-and-resume demo.
+"""The ``tether`` command: list, show, cancel, delete, prune and fork runs, and watch the crash demo.
 
-Built with typer and rich; this is the only module that imports them, and ``import tether`` never
-imports it. Every command takes ``--store URL`` (default: ``$TETHER_STORE``, else ``DEFAULT_STORE``). Bad
-input prints one line, ``error: what went wrong. Fix: what to do``, on stderr and exits with code 2.
+Built with typer and rich; only the CLI modules (this one, ``_cli_base`` and ``_cli_agents``, which holds
+``run``, ``resume``, ``approve`` and ``deny``) import them, and ``import tether`` never imports them. Every
+command takes ``--store URL`` (default: ``$TETHER_STORE``, else ``DEFAULT_STORE``, a SQLite file under the
+current folder). Bad input prints one line, ``error: what went wrong. Fix: what to do``, on stderr and exits
+with code 2.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import getpass
 import json
-import os
-from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from . import journal as j
-from ._timeline import display_status, open_state_lines, timeline_lines, truncate
-from .errors import RunBusyError, TetherError
-from .state import State
-from .stores import RunInfo, Store, open_store
-
-__all__ = ["DEFAULT_STORE", "STORE_ENV", "app", "main"]
-
-DEFAULT_STORE = "file:.tether/runs"
-"""The store used when neither ``--store`` nor ``$TETHER_STORE`` names one."""
-
-STORE_ENV = "TETHER_STORE"
-"""The environment variable holding the default store URL."""
-
-EXIT_BAD_INPUT = 2
-STATUSES = ("running", "waiting", "completed", "failed", "cancelled", "stopped")
-
-app = typer.Typer(
-    name="tether",
-    help="Durable LLM agent runs: every step journaled, any process resumes, no tool runs twice.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+from ._cli_base import (
+    DEFAULT_STORE,
+    STATUS_STYLES,
+    STATUSES,
+    STORE_ENV,
+    JsonOption,
+    StoreOption,
+    app,
+    console,
+    fail,
+    friendly_errors,
+    load_agent,
+    open_cli_store,
+    parse_duration,
+    require_store,
+    whoami,
 )
+from ._timeline import display_status, open_state_lines, timeline_lines, truncate
+from .errors import RunBusyError
+from .state import State
+from .stores import RunInfo
 
-
-def _console(*, stderr: bool = False) -> Console:
-    """A console on the current stdout (or stderr); wide when it is not a terminal, so ids are never cut."""
-    console = Console(stderr=stderr, highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = 500
-    return console
-
-
-StoreOption = Annotated[
-    str,
-    typer.Option(
-        "--store",
-        envvar=STORE_ENV,
-        metavar="URL",
-        help=f"Where runs are kept: file:PATH, memory:, ... [env {STORE_ENV}; default {DEFAULT_STORE}]",
-        show_default=False,
-        show_envvar=False,
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def fail(message: str) -> NoReturn:
-    """Print ``error: message`` on stderr (with a Fix when the message has none) and exit with code 2."""
-    if "Fix:" not in message:
-        message = f"{message.rstrip('.')}. Fix: check the command's arguments (tether --help)"
-    _console(stderr=True).print(Text(f"error: {message}", style="red"), soft_wrap=True)
-    raise typer.Exit(EXIT_BAD_INPUT)
-
-
-def _message(exc: BaseException) -> str:
-    if isinstance(exc, KeyError) and type(exc).__str__ is KeyError.__str__ and exc.args:
-        return str(exc.args[0])  # a plain KeyError quotes its message
-    return str(exc) or type(exc).__name__
-
-
-def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn tether's errors and bad input into ``fail(...)``: one line on stderr, exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except (TetherError, ValueError, KeyError) as exc:
-            fail(_message(exc))
-        except OSError as exc:
-            where = f" ({exc.filename})" if exc.filename else ""
-            fail(f"{exc.strerror or exc}{where}. Fix: check the store path and its permissions")
-
-    return wrapper
-
-
-def _file_folder(url: str) -> Path | None:
-    """The folder of a ``file:`` store URL (None for other stores)."""
-    if not url.startswith("file:"):
-        return None
-    rest = url[len("file:") :]
-    path = rest[2:] if rest.startswith("//") else rest
-    return Path(path) if path else None
-
-
-def _open(url: str | None, *, missing_ok: bool = False) -> Store | None:
-    """The store at ``url``; looking creates nothing, so a file store's folder must exist.
-
-    Args:
-        url: the store URL (None: ``DEFAULT_STORE``).
-        missing_ok: return None, instead of raising, for a file store whose folder does not exist yet.
-
-    Raises:
-        ValueError: the URL is bad, or names a folder that does not exist.
-    """
-    url = url if url is not None else DEFAULT_STORE
-    folder = _file_folder(url)
-    if folder is not None and not folder.is_dir():
-        if missing_ok and not folder.exists():
-            return None
-        problem = "is not a folder" if folder.exists() else "does not exist"
-        raise ValueError(
-            f"store folder {folder} {problem}, so it holds no runs. Fix: pass --store file:PATH (or set "
-            f"{STORE_ENV}) to the folder your agent's FileStore writes"
-        )
-    return open_store(url)
-
-
-def _require(url: str | None) -> Store:
-    store = _open(url)
-    assert store is not None
-    return store
+__all__ = ["DEFAULT_STORE", "STORE_ENV", "app", "load_agent", "main"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -154,7 +56,11 @@ _DEMO_STYLES = {"heading": "bold", "ok": "bold green", "error": "bold red", "dim
 def demo(
     store: Annotated[
         str | None,
-        typer.Option("--store", metavar="URL", help="Keep the demo run here (default: a temporary folder)."),
+        typer.Option(
+            "--store",
+            metavar="URL",
+            help="Keep the demo run here (default: a SQLite file in a temporary folder).",
+        ),
     ] = None,
 ) -> None:
     """Crash a run with SIGKILL, resume it elsewhere: the tool runs once.
@@ -165,7 +71,7 @@ def demo(
     """
     from ._demo import run_demo
 
-    out = _console()
+    out = console()
 
     def printer(line: str, style: str = "") -> None:
         out.print(Text(line, style=_DEMO_STYLES.get(style, "")), overflow="ignore", crop=False)
@@ -198,21 +104,17 @@ def _age(at: str | None, now: datetime) -> str:
     return f"{max(seconds, 0)}s ago"
 
 
-_STATUS_STYLES = {
-    "completed": "green",
-    "running": "cyan",
-    "waiting": "yellow",
-    "failed": "red",
-    "cancelled": "magenta",
-    "stopped": "yellow",
-}
-
-
 @app.command("ls")
 @friendly_errors
 def ls(
     status: Annotated[
         str | None, typer.Option("--status", help=f"Only runs with this status: {', '.join(STATUSES)}.")
+    ] = None,
+    agent: Annotated[
+        str | None, typer.Option("--agent", metavar="NAME", help="Only runs of this agent.")
+    ] = None,
+    parent: Annotated[
+        str | None, typer.Option("--parent", metavar="ID", help="Only the subagent runs of this run.")
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs, newest first.")] = 50,
     as_json: JsonOption = False,
@@ -224,23 +126,35 @@ def ls(
     """
     if status is not None and status not in STATUSES:
         fail(f"status {status!r} is not known. Fix: use one of {', '.join(STATUSES)}")
-    opened = _open(store, missing_ok=True)
-    runs = opened.list(status=status, limit=limit) if opened is not None else []
-    out = _console()
+    if parent is not None:
+        j.validate_run_id(parent)
+    opened = open_cli_store(store, missing_ok=True)
+    runs = (
+        opened.list(status=status, agent=agent, parent_id=parent, limit=limit) if opened is not None else []
+    )
+    out = console()
     if as_json:
         typer.echo(json.dumps([_info_dict(info) for info in runs], indent=2, default=str))
         return
     if not runs:
         which = f"{status} " if status else ""
-        missing = "" if opened is not None else " (its folder does not exist yet)"
+        missing = "" if opened is not None else " (it does not exist yet)"
         out.print(Text(f"no {which}runs in {store}{missing}"))
         return
     now = datetime.now(UTC)
+    with_parent = any(info.parent_id for info in runs)
     rows = [
-        (info.id, info.agent or "-", info.display_status, str(info.turn), _age(info.updated_at, now))
+        (
+            info.id,
+            info.agent or "-",
+            info.display_status,
+            str(info.turn),
+            _age(info.updated_at, now),
+            *([info.parent_id or "-"] if with_parent else []),
+        )
         for info in runs
     ]
-    headers = ("id", "agent", "status", "turn", "updated")
+    headers = ("id", "agent", "status", "turn", "updated", *(["parent"] if with_parent else []))
     fixed = sum(max(len(h), *(len(row[i]) for row in rows)) + 2 for i, h in enumerate(headers))
     room = min(out.width - fixed, 60)  # the first message gets what is left of the line
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -250,7 +164,7 @@ def ls(
         table.add_column("first message", no_wrap=True, overflow="ellipsis")
     for info, row in zip(runs, rows, strict=True):
         cells: list[str | Text] = [*row]
-        cells[2] = Text(row[2], style=_STATUS_STYLES.get(info.status, ""))
+        cells[2] = Text(row[2], style=STATUS_STYLES.get(info.status, ""))
         if room >= 12:
             cells.append(truncate(info.first_message or "", room))
         table.add_row(*cells)
@@ -271,6 +185,8 @@ def _show_json(state: State, held: bool) -> dict[str, Any]:
         "answer": state.answer,
         "reason": state.reason,
         "usage": state.usage,
+        "parent_id": state.parent_id,
+        "root_id": state.root_id,
         "entries": [j.entry_to_dict(entry) for entry in state.history],
         "open_calls": [dataclasses.asdict(call) for call in state.open_calls],
         "pending_approvals": [dataclasses.asdict(p) for p in state.pending_approvals],
@@ -289,21 +205,21 @@ def show(
     One line per journal entry (seq, time, kind, summary), then each call without a result and what a
     resume does with it, the pending approvals, and the status.
     """
-    runs = _require(store)
+    runs = require_store(store)
     state = runs.load(j.validate_run_id(run_id))
     holder = runs.holder(run_id)
     if as_json:
         typer.echo(json.dumps(_show_json(state, holder is not None), indent=2, default=str))
         return
     status = display_status(state.status, holder is not None)
-    out = _console()
+    out = console()
     out.print(Text.assemble(("run ", "bold"), (state.id, "bold"), f"  agent {state.agent or '-'}"))
     lines = timeline_lines(state.history)
     out.print(Text(lines[0], style="dim"), overflow="ignore", crop=False)
     for line in lines[1:]:
         out.print(Text(line), overflow="ignore", crop=False)
     out.print()
-    status_line = Text.assemble("status: ", (status, _STATUS_STYLES.get(state.status, "")))
+    status_line = Text.assemble("status: ", (status, STATUS_STYLES.get(state.status, "")))
     if holder is not None:
         status_line.append(f" (held by {holder.describe()})")
     out.print(status_line)
@@ -316,14 +232,7 @@ def show(
 
 
 # --------------------------------------------------------------------------------------------------
-# tether cancel
-
-
-def _whoami() -> str | None:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return None
+# tether cancel, rm, prune, fork
 
 
 @app.command()
@@ -341,14 +250,31 @@ def cancel(
     If no process drives the run, the cancel is journaled now and the run is cancelled. Otherwise it is
     posted to the run's inbox, and the driving process stops the run within its poll interval.
     """
-    runs = _require(store)
+    runs = require_store(store)
     j.validate_run_id(run_id)
     before = runs.load(run_id)
     try:
-        after = runs.cancel(run_id, by=by if by is not None else _whoami())
+        after = runs.cancel(run_id, by=by if by is not None else whoami())
     except RunBusyError:
         after = None
-    out = _console()
+    out = console()
+    root = before.root_id or run_id
+    if after is None and root != run_id:
+        out.print(Text(f"run {run_id} is a subagent run of {root}: the cancel was posted to its inbox."))
+        holder = runs.holder(root)
+        if holder is not None:
+            out.print(
+                Text(
+                    f"run {root} is driven by {holder.describe()}; it journals the cancel within its poll interval"
+                )
+            )
+        else:
+            out.print(
+                Text(
+                    f"run {root} is not being driven. Fix: tether resume {root} --agent ... or start a worker"
+                )
+            )
+        return
     if after is None:
         holder = runs.holder(run_id)
         who = holder.describe() if holder is not None else "another process"
@@ -372,7 +298,104 @@ def cancel(
         )
 
 
+ChildrenOption = Annotated[
+    bool, typer.Option("--children", help="Also delete the run's subagent runs (a tree goes whole).")
+]
+
+
+@app.command("rm")
+@friendly_errors
+def rm(
+    run_id: Annotated[str, typer.Argument(metavar="ID", help="The run's id.")],
+    children: ChildrenOption = False,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Delete a run: its journal and inbox. A held run is refused.
+
+    A run with subagent runs needs --children; a subagent run is deleted through its root.
+    """
+    runs = require_store(store)
+    j.validate_run_id(run_id)
+    kids = [info.id for info in runs.list(root_id=run_id, limit=1_000_000) if info.id != run_id]
+    runs.delete(run_id, children=children)
+    more = f" and its {len(kids)} subagent run{'s' if len(kids) != 1 else ''}" if children and kids else ""
+    console().print(Text(f"deleted run {run_id}{more}"))
+
+
+@app.command()
+@friendly_errors
+def prune(
+    older_than: Annotated[
+        str,
+        typer.Option("--older-than", metavar="AGE", help="Only runs last updated longer ago: 30d, 12h, 90m."),
+    ],
+    status: Annotated[
+        str,
+        typer.Option("--status", metavar="S,S", help="Which stopped runs may go (comma-separated)."),
+    ] = "completed,cancelled,failed,stopped",
+    children: Annotated[
+        bool, typer.Option("--children", help="Also prune runs with subagent runs (each tree goes whole).")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be deleted.")] = False,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Delete old stopped runs that no one holds.
+
+    Only completed, cancelled, failed or stopped runs (as --status allows) last updated before the cutoff, with
+    nothing unconsumed in their inbox. Held runs are kept. Runs with subagent runs go only with --children, and
+    a subagent run never goes while its root is kept.
+    """
+    age = parse_duration(older_than)
+    statuses = [s.strip() for s in status.split(",") if s.strip()]
+    runs = open_cli_store(store, missing_ok=True)
+    gone = runs.prune(age, statuses=statuses, children=children, dry_run=dry_run) if runs is not None else []
+    out = console()
+    if not gone:
+        out.print(Text(f"no runs to prune: none {'/'.join(statuses)} and updated more than {older_than} ago"))
+        return
+    noun = f"{len(gone)} run{'s' if len(gone) != 1 else ''}"
+    out.print(Text(f"would delete {noun} (dry run: nothing deleted):" if dry_run else f"deleted {noun}:"))
+    for run_id in gone:
+        out.print(Text(f"  {run_id}"))
+
+
+@app.command()
+@friendly_errors
+def fork(
+    run_id: Annotated[str, typer.Argument(metavar="ID", help="The run to fork.")],
+    at: Annotated[
+        int | None,
+        typer.Option(
+            "--at", metavar="SEQ", help="Fork after this seq (rounded down to a turn; default: the end)."
+        ),
+    ] = None,
+    new_id: Annotated[str | None, typer.Option("--id", metavar="NEW", help="The new run's id.")] = None,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Copy a run up to a turn into a new run that can be resumed on its own.
+
+    The new run's journal is the source's up to SEQ, rounded down to a point where no call is open.
+    """
+    runs = require_store(store)
+    made = runs.fork(j.validate_run_id(run_id), at_seq=at, new_id=new_id)
+    fork_state = runs.load(made)
+    started = fork_state.history[0]
+    boundary = started.forked_from["seq"] if isinstance(started, j.RunStarted) and started.forked_from else 0
+    rounded = (
+        f" (seq {at} rounded down to the turn ending at seq {boundary})"
+        if at is not None and at != boundary
+        else ""
+    )
+    out = console()
+    out.print(Text(f"forked run {run_id} at seq {boundary} as {made}{rounded}; it is {fork_state.status}"))
+    named = f" (the Agent named {fork_state.agent})" if fork_state.agent else ""
+    out.print(Text(f"Continue it: tether resume {made} --agent MODULE:ATTRIBUTE{named}", style="dim"))
+
+
 # --------------------------------------------------------------------------------------------------
+
+from . import _cli_agents as _cli_agents  # noqa: E402  (registers run, resume, approve, deny)
+from . import _cli_workers as _cli_workers  # noqa: E402  (registers submit, worker, db migrate, crashtest)
 
 
 def main() -> None:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ._crashtest import CrashCase, CrashReport, InvariantViolation, crash_test, record_execution
 from .models.scripted import ScriptedCall, ScriptedModel, call
+
+if TYPE_CHECKING:
+    from ._conformance import StoreConformance
 
 __all__ = [
     "CrashCase",
@@ -24,6 +27,7 @@ __all__ = [
     "InvariantViolation",
     "ScriptedCall",
     "ScriptedModel",
+    "StoreConformance",
     "call",
     "crash_test",
     "record_execution",
@@ -64,3 +68,12 @@ class ExecutionLog:
     def count(self, **match: Any) -> int:
         """How many records have every field of ``match``."""
         return sum(1 for r in self.records() if all(r.get(k) == v for k, v in match.items()))
+
+
+def __getattr__(name: str) -> Any:
+    """``StoreConformance`` (the store test suite) loads on first use, so pytest is imported only then."""
+    if name == "StoreConformance":
+        from ._conformance import StoreConformance
+
+        return StoreConformance
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

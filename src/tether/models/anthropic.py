@@ -342,7 +342,10 @@ def _text(block: Mapping[str, Any]) -> dict[str, Any]:
 
 def _result(block: Mapping[str, Any]) -> dict[str, Any]:
     """A tether ``tool_result`` as an Anthropic ``tool_result`` block."""
-    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": _wire_id(block, "provider_call_id", "call_id")}
+    result: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": _wire_id(block, "provider_call_id", "call_id"),
+    }
     content = _content(block.get("content") or ())
     if content:
         result["content"] = content

@@ -9,9 +9,20 @@ from .memory import MemoryStore
 
 if TYPE_CHECKING:
     from .files import FileStore
+    from .postgres import PostgresStore
     from .sqlite import SQLiteStore
 
-__all__ = ["FileStore", "Lease", "MemoryStore", "Owner", "RunInfo", "SQLiteStore", "Store", "open_store"]
+__all__ = [
+    "FileStore",
+    "Lease",
+    "MemoryStore",
+    "Owner",
+    "PostgresStore",
+    "RunInfo",
+    "SQLiteStore",
+    "Store",
+    "open_store",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,6 +35,10 @@ def __getattr__(name: str) -> Any:
         from .sqlite import SQLiteStore
 
         return SQLiteStore
+    if name == "PostgresStore":
+        from .postgres import PostgresStore  # psycopg is imported here, on first use only
+
+        return PostgresStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -60,7 +75,15 @@ def open_store(url: str) -> Store:
         from .sqlite import SQLiteStore
 
         return SQLiteStore(path)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from .postgres import PostgresStore
+        except ImportError as exc:
+            raise ValueError(
+                f"store URL {url!r} needs psycopg ({exc}). Fix: pip install 'tether[postgres]'"
+            ) from None
+        return PostgresStore(url)
     raise ValueError(
         f"store URL {url!r} has an unknown scheme {scheme!r}. Fix: use 'sqlite:///PATH', 'file:PATH' or "
-        "'memory:' (postgresql:// arrives with its store)"
+        "'memory:' (or postgresql://USER@HOST/DB)"
     )

@@ -1,30 +1,60 @@
-"""The Store contract (DESIGN 8.1, DURABILITY 1-4) and what every store gets from it.
+"""The Store contract (DESIGN 8, DURABILITY 1-6) and what every store gets from it.
 
 A store keeps, for each run, its journal (append-only entries), its inbox (posted items) and who holds it.
 Primitives are synchronous and thread-safe; an async store overrides the ``a``-prefixed twins, which by
-default run the primitive on the store's own executor. ``load``, ``save``, ``cancel`` and ``follow`` are
-built on the primitives. Stores never fold entries: the listing record (``info``) comes from the writer.
+default run the primitive on the store's own executor. ``load``, ``save``, ``settle``, ``cancel``,
+``follow``, ``fork`` and ``list_page`` are built on the primitives. Stores never fold entries: the listing
+record (``info``) comes from the writer.
+
+The ``Store`` docstrings are the contract; ``tether.testing.StoreConformance`` checks it. The ``plan_*``
+functions state the selection rules of ``claim_next``, ``prune`` and ``delete`` over ``RunInfo`` records:
+stores that list in Python call them under their own locks, SQL stores say the same in SQL.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import base64
+import builtins
+import dataclasses
 import gc
 import os
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
+import orjson
+
 from .. import journal as j
-from ..errors import ConflictError, RunBusyError
+from ..errors import ConflictError, RunBusyError, RunNotFoundError
 from ..inbox import InboxItem, consume
 from ..state import State
 
-__all__ = ["Lease", "Owner", "RunInfo", "Store", "pid_alive"]
+__all__ = [
+    "STOPPED",
+    "Lease",
+    "ListCursor",
+    "Owner",
+    "RunInfo",
+    "Store",
+    "as_cutoff",
+    "check_batch",
+    "check_prune_statuses",
+    "child_needs_work",
+    "delete_children_error",
+    "delete_subagent_error",
+    "fork_boundary",
+    "listing_key",
+    "pid_alive",
+    "plan_claim_next",
+    "plan_delete",
+    "plan_prune",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -97,6 +127,11 @@ class RunInfo:
     inbox_consumed: int = -1
 
     @property
+    def unconsumed(self) -> bool:
+        """Whether the inbox holds items no entry has journaled yet (the run needs a taker)."""
+        return self.inbox_len > self.inbox_consumed + 1
+
+    @property
     def display_status(self) -> str:
         """The status as ``tether ls`` shows it: ``running (no owner)`` for a running run no one holds."""
         if self.status == "running" and self.lease_owner is None:
@@ -133,13 +168,296 @@ def busy_error(run_id: str, owner: Owner | None) -> RunBusyError:
     )
 
 
-class Store(abc.ABC):
-    """Where runs live. Subclass it and implement the primitives; pass ``tether.testing``'s suite.
+STOPPED: tuple[str, ...] = ("completed", "cancelled", "failed", "stopped")
+"""The statuses of a stopped run: the only ones ``prune`` deletes."""
 
-    Primitives (sync, thread-safe):
-        create, append, read, length, post, read_inbox, inbox_length, claim, renew, release, holder,
-        list, delete.
-    Built on them: load, save, cancel, follow, and the ``a``-prefixed async twins.
+
+def check_batch(run_id: str, entries: Sequence[j.Entry], first_seq: int) -> None:
+    """Refuse what is not one sealed batch numbered from ``first_seq`` (what ``State.next_batch()`` returns).
+
+    Raises:
+        ValueError: no entries, a seq out of order, a countdown ``b`` that does not end at 0, or no ``w``/``h``.
+    """
+    if not entries:
+        raise ValueError(f"run {run_id}: nothing to write. Fix: pass at least one entry")
+    last = len(entries) - 1
+    for i, entry in enumerate(entries):
+        if entry.seq != first_seq + i or entry.b != last - i or not entry.h or not entry.w:
+            raise ValueError(
+                f"run {run_id}: entry {i} (seq {entry.seq}, b {entry.b}) is not part of one sealed batch from "
+                f"seq {first_seq}. Fix: write what State.next_batch() returns"
+            )
+
+
+def as_cutoff(value: datetime | timedelta | str) -> str:
+    """A time bound in the form ``updated_at`` is stored in (UTC, microseconds, ``Z``), so strings compare.
+
+    Args:
+        value: a datetime (naive means UTC), an ISO 8601 string, or a timedelta meaning that long before now.
+
+    Raises:
+        ValueError: a string that is not ISO 8601.
+    """
+    if isinstance(value, timedelta):
+        value = datetime.now(UTC) - value
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+        except ValueError:
+            raise ValueError(
+                f"time {value!r} is not ISO 8601. Fix: pass e.g. '2025-01-31T12:00:00Z', a datetime or a timedelta"
+            ) from None
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def listing_key(info: RunInfo) -> tuple[str, str]:
+    """The listing order's key: ``(updated_at, id)``; ``list()`` returns runs by this key, highest first."""
+    return (info.updated_at or "", info.id)
+
+
+@dataclass(frozen=True, slots=True)
+class ListCursor:
+    """Where a listing resumes (``list(cursor=...)``, ``list_page``); opaque to callers, a short string.
+
+    A listing is made of passes, each newest first. A pass keeps runs with ``updated_at > since`` (every run
+    in the first pass) that sort before the position ``(at, id)`` (every run when ``id`` is None). When a
+    pass is done, the next one keeps runs updated after ``top``, the newest ``updated_at`` the previous pass
+    saw, so a run updated while paging is listed again rather than skipped.
+
+    A store implements the cursor in ``list`` with ``admits`` (or the same test in SQL:
+    ``updated_at > since AND (updated_at < at OR (updated_at = at AND id < id))``).
+    """
+
+    since: str | None = None
+    top: str | None = None
+    at: str = ""
+    id: str | None = None
+
+    def encode(self) -> str:
+        """The cursor as an opaque URL-safe string."""
+        raw = orjson.dumps({"s": self.since, "t": self.top, "a": self.at, "i": self.id})
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, cursor: str | None) -> ListCursor:
+        """Read a cursor made by ``encode`` (None: the start of the first pass).
+
+        Raises:
+            ValueError: not a cursor of this store's listing.
+        """
+        if cursor is None:
+            return cls()
+        try:
+            obj = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+            made = cls(obj["s"], obj["t"], str(obj["a"]), obj["i"])
+        except (ValueError, TypeError, KeyError):
+            raise ValueError(
+                f"listing cursor {cursor!r} is not valid. Fix: pass the cursor list_page returned, or None"
+            ) from None
+        for value in (made.since, made.top, made.id):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(
+                    f"listing cursor {cursor!r} is not valid. Fix: pass the cursor list_page returned"
+                )
+        return made
+
+    def admits(self, info: RunInfo) -> bool:
+        """Whether the run belongs to the rest of this pass."""
+        updated = info.updated_at or ""
+        if self.since is not None and not updated > self.since:
+            return False
+        return self.id is None or (updated, info.id) < (self.at, self.id)
+
+
+def _tree_children(infos: Iterable[RunInfo]) -> dict[str, list[RunInfo]]:
+    """The runs of each tree other than its root, keyed by root id."""
+    out: dict[str, list[RunInfo]] = {}
+    for info in infos:
+        if info.parent_id is not None and info.root_id is not None:
+            out.setdefault(info.root_id, []).append(info)
+    return out
+
+
+def child_needs_work(root: RunInfo, child: RunInfo) -> bool:
+    """Whether a free child makes its ``waiting`` root need work (see ``Store.claim_next``)."""
+    if child.lease_owner is not None:
+        return False
+    moved_on = child.status != "waiting" and (child.updated_at or "") > (root.updated_at or "")
+    return child.unconsumed or moved_on
+
+
+def plan_claim_next(infos: Iterable[RunInfo], agents: Collection[str] | None) -> list[str]:
+    """The roots ``claim_next`` may claim, in the order it tries them (for stores that list in Python).
+
+    ``lease_owner`` tells whether a run is held. See ``Store.claim_next`` for the rule.
+    """
+    infos = list(infos)
+    children = _tree_children(infos)
+    found: list[RunInfo] = []
+    for root in infos:
+        if root.parent_id is not None or root.lease_owner is not None:
+            continue
+        if agents is not None and root.agent not in agents:
+            continue
+        if (
+            root.status == "running"
+            or root.unconsumed
+            or (
+                root.status == "waiting" and any(child_needs_work(root, c) for c in children.get(root.id, ()))
+            )
+        ):
+            found.append(root)
+    found.sort(key=listing_key)
+    return [info.id for info in found]
+
+
+def plan_prune(
+    infos: Iterable[RunInfo], cutoff: str, statuses: Collection[str], children: bool
+) -> list[list[str]]:
+    """The trees ``prune`` deletes, each ``[root, *its other runs]``, roots oldest first (see ``Store.prune``).
+
+    ``lease_owner`` tells whether a run is held; ``cutoff`` comes from ``as_cutoff``.
+    """
+    infos = list(infos)
+    trees = _tree_children(infos)
+    out: list[list[str]] = []
+    for root in sorted(infos, key=listing_key):
+        if root.parent_id is not None or root.status not in statuses or root.lease_owner is not None:
+            continue
+        if not root.updated_at or not root.updated_at < cutoff or root.unconsumed:
+            continue
+        kids = sorted(trees.get(root.id, ()), key=listing_key)
+        if kids and not children:
+            continue
+        if any(kid.lease_owner is not None or kid.status not in STOPPED for kid in kids):
+            continue
+        out.append([root.id, *(kid.id for kid in kids)])
+    return out
+
+
+def check_prune_statuses(statuses: Sequence[str]) -> tuple[str, ...]:
+    """``prune``'s statuses as a tuple.
+
+    Raises:
+        ValueError: none given, or one that is not a stop.
+    """
+    if isinstance(statuses, str):
+        statuses = (statuses,)
+    bad = [s for s in statuses if s not in STOPPED]
+    if bad or not statuses:
+        raise ValueError(
+            f"prune statuses {bad or 'none'} are not stops. Fix: use some of {', '.join(STOPPED)}"
+        )
+    return tuple(statuses)
+
+
+def plan_delete(infos: Iterable[RunInfo], run_id: str, children: bool) -> list[str]:
+    """The runs ``delete(run_id, children=...)`` removes: the run, then its descendants (see ``Store.delete``).
+
+    Raises:
+        RunNotFoundError: no such run.
+        ValueError: a subagent run whose parent exists; subagent runs without ``children=True``.
+    """
+    by_id = {info.id: info for info in infos}
+    info = by_id.get(run_id)
+    if info is None:
+        raise RunNotFoundError(run_id)
+    if info.parent_id is not None and info.parent_id in by_id:
+        raise delete_subagent_error(run_id, info.parent_id, info.root_id)
+    kids: dict[str, list[str]] = {}
+    for other in by_id.values():
+        if other.parent_id is not None:
+            kids.setdefault(other.parent_id, []).append(other.id)
+    found: list[str] = []
+    todo = [run_id]
+    while todo:
+        for kid in sorted(kids.get(todo.pop(), ())):
+            if kid not in found and kid != run_id:
+                found.append(kid)
+                todo.append(kid)
+    if found and not children:
+        raise delete_children_error(run_id, len(found))
+    return [run_id, *found]
+
+
+def delete_subagent_error(run_id: str, parent_id: str, root_id: str | None) -> ValueError:
+    """The error of ``delete`` on a subagent run whose parent exists."""
+    root = root_id or parent_id
+    return ValueError(
+        f"run {run_id} is a subagent of {parent_id}. Fix: delete its root {root} with children=True "
+        f"(tether rm {root} --children)"
+    )
+
+
+def delete_children_error(run_id: str, count: int) -> ValueError:
+    """The error of ``delete(children=False)`` on a run with subagent runs."""
+    return ValueError(
+        f"run {run_id} has {count} subagent run{'s' if count > 1 else ''}. Fix: pass children=True to "
+        f"delete them with it (tether rm {run_id} --children)"
+    )
+
+
+_BOUNDARY_KINDS = frozenset(
+    {"run_started", "message", "model_replied", "tool_finished", "compacted", "run_stopped"}
+)
+
+
+def fork_boundary(entries: Sequence[j.Entry], at_seq: int) -> int:
+    """The last seq at or before ``at_seq`` that ends a turn (see ``Store.fork``).
+
+    That is a ``run_started``, ``message``, ``model_replied``, ``tool_finished``, ``compacted`` or
+    ``run_stopped`` entry after which no call is open.
+    """
+    state = State(id="fork")
+    boundary = 0
+    for entry in entries[: at_seq + 1]:
+        state.apply(entry)
+        if entry.kind in _BOUNDARY_KINDS and not state.open_calls:
+            boundary = entry.seq
+    return boundary
+
+
+_INBOX_FIELDS = {"inbox_seq": None, "item_id": None}
+
+
+def inherited(entry: j.Entry) -> j.Entry:
+    """A source entry as a fork keeps it: unsealed, and no longer tied to the source's inbox."""
+    changes: dict[str, Any] = {"w": "", "h": "", "b": 0}
+    if isinstance(entry, j.InboxSkipped):
+        changes.update(inbox_seq=-1, item_id=None)
+    else:
+        for name, value in _INBOX_FIELDS.items():
+            if hasattr(entry, name):
+                changes[name] = value
+    return dataclasses.replace(entry, **changes)
+
+
+class Store(abc.ABC):
+    """Where runs live: each run's journal, inbox and holder. Subclass it, implement the primitives, and
+    pass ``tether.testing.StoreConformance``.
+
+    Every primitive is synchronous and thread-safe, and may be called from several processes on the same
+    storage at once (a MemoryStore is the one store that lives in one process). An async store overrides
+    the ``a``-prefixed twins; otherwise ``run_io`` runs a primitive on the store's own executor.
+
+    Primitives (abstract): ``identity``, ``create``, ``append``, ``read``, ``length``, ``post``,
+    ``read_inbox``, ``inbox_length``, ``claim``, ``claim_next``, ``renew``, ``release``, ``abandon``,
+    ``holder``, ``list``, ``delete``, ``prune``.
+    Built on them, for every store: ``load``, ``save``, ``settle``, ``cancel``, ``follow``, ``fork``,
+    ``list_page``, ``exists``.
+
+    Words used below:
+        held: a take (``create(owner=...)``, ``claim``, ``claim_next``) succeeded and the lease has not been
+            released, abandoned, taken over or (ttl stores) expired. A ttl store may also treat a lease as
+            free when its owner is a process of this host that no longer lives.
+        root: a run without a parent; a tree is a root and every run whose ``root_id`` names it (subagent
+            runs, at any depth).
+        unconsumed items: the inbox holds items past the consumed mark, i.e.
+            ``inbox_length > info["inbox_consumed"] + 1`` (``RunInfo.unconsumed``).
+        info: the listing record the writer passes with each ``create`` and ``append`` (``State.info()``:
+            agent, status, turn, created_at, updated_at, first_message, parent_id, root_id,
+            inbox_consumed). Stores keep the last one and never fold entries.
     """
 
     ttl: float | None = None
@@ -155,7 +473,10 @@ class Store(abc.ABC):
     @property
     @abc.abstractmethod
     def identity(self) -> str:
-        """What this store is: the resolved path, or the DSN without its password. Equal stores share it."""
+        """What this store is: the resolved path, or the DSN without its password. Equal stores share it.
+
+        ``open_store(store.identity)`` opens the same storage (except for a MemoryStore).
+        """
 
     @abc.abstractmethod
     def create(
@@ -167,12 +488,14 @@ class Store(abc.ABC):
         owner: Owner | None = None,
         ttl: float | None = None,
     ) -> Lease | None:
-        """Write a new run's first entries and an empty inbox, all or nothing.
+        """Write a new run: its first entries (one sealed batch from seq 0) and an empty inbox, all or nothing.
 
-        With ``owner``, the run is taken in the same step and the Lease returned.
+        With ``owner`` the run is taken in the same step (no other take can come between) and the Lease
+        returned (its token is at least 1); ``ttl`` is the lease length (None: the store's ``ttl``). Without ``owner`` the run is created
+        unheld and None is returned. A create that raises leaves no trace: the id stays free.
 
         Raises:
-            ValueError: the id exists.
+            ValueError: the id exists, is not a valid run id, or ``entries`` is not one sealed batch.
         """
 
     @abc.abstractmethod
@@ -186,20 +509,27 @@ class Store(abc.ABC):
         lease_token: int | None,
         info: dict[str, Any],
     ) -> None:
-        """Append sealed entries at ``expected_seq``, fenced by the lease token, all or nothing.
+        """Append one sealed batch at ``expected_seq``, fenced by the lease token, all or nothing (DURABILITY 3).
 
-        With n the stored length and k = min(len(entries), n - expected_seq), entries already stored with
-        the same ``w`` and ``h`` are skipped (a retried append); the rest are appended.
+        The fence comes first and is part of the write itself: an append with a token that is not the
+        run's current one, or whose lease is no longer held, is refused whatever it holds. Then, with n the
+        stored length and k = min(len(entries), n - expected_seq), each of the first k entries must have
+        the ``w`` and ``h`` of the stored entry at its seq (a retried append: those are skipped); the rest is
+        appended, and ``info`` replaces the listing record. An empty ``entries`` writes nothing.
 
         Raises:
-            ConflictError: a stored entry differs (another writer), or ``expected_seq > n`` (a gap).
-            LeaseLostError: the token is not the run's current one.
+            ConflictError: a stored entry differs (another writer; the error names seq, kind and writer),
+                or ``expected_seq > n`` (a gap); nothing is written.
+            LeaseLostError: the token is not the run's current one, or the lease lapsed.
             RunNotFoundError: no such run.
+            ValueError: ``entries`` is not one sealed batch numbered from ``expected_seq``.
         """
 
     @abc.abstractmethod
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
-        """The durable entries with seq > ``after_seq``, decoded and checked.
+        """The durable entries with seq > ``after_seq``, decoded and checked, in seq order.
+
+        Only whole appends are ever returned (never part of one being written).
 
         Raises:
             RunNotFoundError, CorruptJournalError, NewerFormatError.
@@ -207,18 +537,28 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def length(self, run_id: str) -> int:
-        """How many entries the journal holds (a cheap read)."""
+        """How many entries the journal holds (a cheap read).
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
 
     @abc.abstractmethod
     def post(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int:
-        """Durably add an item to the run's inbox and return its ``inbox_seq``.
+        """Durably add an item to the run's inbox and return its ``inbox_seq`` (DURABILITY 2).
 
-        A retried post with a stored ``item_id`` returns the stored ``inbox_seq``.
+        Anyone may post at any time, held or not. ``inbox_seq`` is dense from 0 and items become visible in
+        that order. A retried post with a stored ``item_id`` (default: ``item["item_id"]``, else a fresh
+        UUID) writes nothing and returns the stored ``inbox_seq``.
+
+        Raises:
+            RunNotFoundError: no such run.
+            ValueError: the item's ``type`` is not ``decision``, ``message`` or ``cancel``.
         """
 
     @abc.abstractmethod
     def read_inbox(self, run_id: str, after_seq: int = -1) -> list[InboxItem]:
-        """The inbox items with inbox_seq > ``after_seq``, in order."""
+        """The inbox items with inbox_seq > ``after_seq``, in order (durable before they are returned)."""
 
     @abc.abstractmethod
     def inbox_length(self, run_id: str) -> int:
@@ -226,35 +566,63 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def claim(self, run_id: str, owner: Owner, ttl: float | None = None) -> Lease:
-        """Take the run and return a Lease with a new fencing token.
+        """Take the run and return a Lease with a new fencing token (greater than every earlier one).
+
+        ``ttl`` is the lease length (None: the store's ``ttl``; ignored by lock stores). A claim is a short
+        step, never a lock held by a transaction.
 
         Raises:
-            RunBusyError: a live process holds it (names pid, host, since and whether it lives).
+            RunBusyError: it is held (names pid, host, since and whether that process lives).
             RunNotFoundError: no such run.
         """
 
     @abc.abstractmethod
+    def claim_next(
+        self, owner: Owner, ttl: float | None = None, agents: Collection[str] | None = None
+    ) -> Lease | None:
+        """Claim the root of a tree that needs work and return its Lease; None when there is none.
+
+        A claimable root has no parent, is not held, has its agent in ``agents`` (any agent when None; an
+        empty collection claims nothing) and needs work, i.e. one of:
+
+        - its status is ``running`` (a run submitted and not started, or one whose driver stopped or died);
+        - it has unconsumed items;
+        - its status is ``waiting`` and another run of its tree is not held and either has unconsumed items,
+          or is no longer ``waiting`` and was updated after the root (the root has not seen it move on).
+
+        A subagent run is never claimed itself: it is reached through its root. Roots are tried oldest
+        ``updated_at`` first. The check and the take are one step (or the take is re-checked), so two
+        concurrent ``claim_next`` never return the same run. ``failed``, ``stopped`` and ``completed`` runs
+        without unconsumed items are never claimed.
+        """
+
+    @abc.abstractmethod
     def renew(self, lease: Lease) -> Lease:
-        """Extend the lease.
+        """Extend the lease by its ``ttl`` from now (a no-op returning ``lease`` for lock stores).
 
         Raises:
-            LeaseLostError: it was taken over or released.
+            LeaseLostError: it was taken over, released or abandoned.
         """
 
     @abc.abstractmethod
     def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
         """Give the run up, only if the journal has ``at_seq`` entries and the inbox ``inbox_len`` items.
 
-        Returns False (still held) when either grew: the holder consumes again, then releases again.
+        Returns False (still held) when either grew: the holder consumes again, then releases again. Returns
+        True when released, and when the lease is no longer this holder's (nothing of its own to release).
         """
 
     @abc.abstractmethod
     def abandon(self, lease: Lease) -> None:
-        """Give the run up unconditionally (after an error); never raises."""
+        """Give the run up unconditionally (after an error) if this lease still holds it; never raises."""
 
     @abc.abstractmethod
     def holder(self, run_id: str) -> Owner | None:
-        """Who holds the run now (None: no one); never makes a concurrent take fail."""
+        """Who holds the run now (None: no one); never makes a concurrent take fail.
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
 
     @abc.abstractmethod
     def list(
@@ -264,17 +632,66 @@ class Store(abc.ABC):
         agent: str | None = None,
         parent_id: str | None = None,
         root_id: str | None = None,
+        updated_before: datetime | str | None = None,
+        updated_after: datetime | str | None = None,
         limit: int = 100,
+        cursor: str | None = None,
     ) -> list[RunInfo]:
-        """Runs, most recently updated first."""
+        """Up to ``limit`` runs, most recently updated first: by ``(updated_at, id)``, highest first.
 
-    @abc.abstractmethod
-    def delete(self, run_id: str) -> None:
-        """Delete a run's journal and inbox.
+        Filters combine with AND: ``status``, ``agent``, ``parent_id``, ``root_id`` match exactly (a root's
+        ``root_id`` is its own id); ``updated_before``/``updated_after`` are strict bounds (``as_cutoff``
+        turns a datetime or ISO string into the stored form). ``cursor`` resumes a listing where a page
+        ended: decode it with ``ListCursor.decode`` and keep the runs ``ListCursor.admits``. Page with
+        ``list_page``, which makes the cursors. ``lease_owner`` is ``host:pid`` while the run is held.
+        A run whose records cannot be read is listed (status ``damaged``) rather than breaking the listing.
 
         Raises:
-            RunBusyError: the run is held.
+            ValueError: a bad cursor or time bound.
+        """
+
+    @abc.abstractmethod
+    def delete(self, run_id: str, *, children: bool = False) -> None:
+        """Delete a run's journal and inbox (and with ``children=True`` its subagent runs), all or nothing.
+
+        A subagent run whose parent exists is never deleted alone (its parent would re-create it and run
+        its tools again): delete the root with ``children=True``. A subagent run whose parent is gone (an
+        orphan) may be deleted. After a delete the id may be created again; posts to it fail with
+        RunNotFoundError. (FileStore deletes the root first, so a crash part-way leaves only orphans.)
+
+        Raises:
+            RunBusyError: the run, or with ``children=True`` any of its subagent runs, is held; nothing is
+                deleted.
             RunNotFoundError: no such run.
+            ValueError: the run is a subagent of an existing run, or has subagent runs and ``children`` is
+                False.
+        """
+
+    @abc.abstractmethod
+    def prune(
+        self,
+        older_than: datetime | timedelta | str,
+        *,
+        statuses: Sequence[str] = STOPPED,
+        children: bool = False,
+        dry_run: bool = False,
+    ) -> builtins.list[str]:
+        """Delete old stopped runs and return their ids (with ``dry_run``, only return them).
+
+        Prune works on trees. A root goes when all of these hold: its status is in ``statuses`` (each one
+        of ``completed``, ``cancelled``, ``failed``, ``stopped``), its ``updated_at`` is before the cutoff
+        (a datetime, naive meaning UTC; an ISO string; or a timedelta before now), no one holds it, and it
+        has no unconsumed items (those may reopen it). A root with subagent runs goes only with
+        ``children=True``, and then with its whole tree, only when every run of the tree is stopped (any
+        stop status) and not held. A subagent run is never pruned on its own, so never while its root is
+        kept. Held runs are skipped (kept), never an error: prune does not raise RunBusyError. Each tree is
+        checked and deleted in one step: a run taken, posted to or reopened meanwhile is kept.
+
+        Returns:
+            The deleted ids: roots oldest first, each followed by its subagent runs.
+
+        Raises:
+            ValueError: a status that is not a stop, or a bad cutoff.
         """
 
     # --------------------------------------------------------------------------------------------
@@ -314,8 +731,6 @@ class Store(abc.ABC):
 
     def exists(self, run_id: str) -> bool:
         """Whether the store has the run."""
-        from ..errors import RunNotFoundError
-
         try:
             self.length(run_id)
         except RunNotFoundError:
@@ -345,11 +760,13 @@ class Store(abc.ABC):
             state.batch_saved()
 
     def save(self, state: State) -> State:
-        """Write what the store lacks: a new run, or the changes made on ``state`` (nothing if none).
+        """Write what the store lacks: a new run, or the changes made on ``state``; nothing if none.
 
-        Changes (``add_message``, ``approve``, ``deny``) are posted to the run's inbox; when no one holds
-        the run, this process takes it, journals the inbox and releases it, and ``state`` catches up with
-        the journal. When a driver holds it, the driver journals them within its poll interval.
+        A new run (no history) is created unheld. Changes (``add_message``, ``approve``, ``deny``) are posted
+        to the run's inbox; then, when no one holds the run (and it is not a subagent run), this process
+        takes it, journals the inbox and releases it (``settle``), and ``state`` catches up with the
+        journal. When a driver holds it, the driver journals them within its poll interval. A save with
+        nothing to write takes nothing and writes nothing; ``state`` only catches up.
         """
         self.check_state(state)
         if not state.history:
@@ -365,16 +782,21 @@ class Store(abc.ABC):
             state.messages[:] = initial.messages
             state.store_identity = self.identity
             return state
+        changes = state.take_local_changes()
         if state.unsaved:
             lease = self.claim(state.id, Owner.here(state.writer), self.ttl)
             try:
                 self.append_state(state, lease)
             finally:
                 self.abandon(lease)
-        for item in state.take_local_changes():
-            self.post(state.id, {**item, "run_h": state.history[0].h}, item_id=item["item_id"])
+        for item in changes:
+            target = item.get("run_id") or state.id  # a decision on a subagent's call goes to its inbox
+            run_h = state.history[0].h if target == state.id else None
+            body = {k: v for k, v in item.items() if k != "run_id"}
+            self.post(target, {**body, "run_h": run_h}, item_id=item["item_id"])
         state.local_changes_posted()
-        self.settle(state.id)
+        if changes:
+            self.settle(state.id)
         self.catch_up(state)
         state.store_identity = self.identity
         return state
@@ -385,19 +807,27 @@ class Store(abc.ABC):
             state.apply(entry)
         state.mark_saved()
 
-    def settle(self, run_id: str) -> State | None:
+    def settle(self, run_id: str, *, by_parent: bool = False) -> State | None:
         """Take the run if no one holds it, journal its inbox, release it; None when it is held.
 
         This is the short-lived taker of DURABILITY 1 (``store.save``, ``store.cancel``, ``tether approve``):
-        it consumes first and writes nothing else; approved calls are started later by a driver.
+        it consumes first and writes nothing else; approved calls are started later by a driver. A take
+        with nothing to consume writes nothing. A subagent run is not taken by a poster (DURABILITY 6: its
+        root's driver consumes its inbox): None is returned for it, unless ``by_parent`` says the caller
+        acts for its parent (it holds the parent, or cancels the tree from the top, children first).
         """
+        entries = self.read(run_id)
+        first = entries[0] if entries else None
+        if isinstance(first, j.RunStarted) and first.parent_id is not None and not by_parent:
+            return None
         try:
             lease = self.claim(run_id, Owner.here(), self.ttl)
         except RunBusyError:
             return None
         try:
-            state = State.replay(run_id, self.read(run_id))
+            state = State.replay(run_id, entries)
             state.writer = lease.owner.writer
+            self.catch_up(state)
             while True:
                 consume(state, self.read_inbox(run_id, after_seq=state.inbox_consumed))
                 self.append_state(state, lease)
@@ -410,13 +840,15 @@ class Store(abc.ABC):
                 self.abandon(lease)
 
     def cancel(self, run_id: str, by: str | None = None) -> State | None:
-        """Ask to cancel the run: posted to its inbox, journaled now if no one holds it.
+        """Ask to cancel the run and, first, its open subagent runs: posted, journaled now if no one holds it.
 
-        Returns the run after the cancel was journaled, or None when a driver holds it (it stops the run
-        within its poll interval).
+        Each run of the tree gets a cancel item in its inbox, children first (DURABILITY 6), and is settled
+        at once when no one holds it. Returns the run after the cancel was journaled, or None when a driver
+        holds it (it stops the run within its poll interval).
         """
-        self.post(run_id, {"type": "cancel", "by": by, "seen_seq": self.length(run_id)})
-        return self.settle(run_id)
+        from .._subagents import cancel_tree
+
+        return cancel_tree(self, run_id, by)
 
     async def follow(
         self, run_id: str, after_seq: int = -1, *, poll_interval: float = 0.2
@@ -426,15 +858,118 @@ class Store(abc.ABC):
         Ends when the run has stopped (``completed``, ``failed``, ``cancelled`` or ``stopped``) and nothing
         is left to read; a consumer may stop earlier.
         """
+        state = await self.run_io(self.load, run_id)  # the fold tells whether the run has stopped
         last = after_seq
-        while True:
-            entries = await self.run_io(self.read, run_id, last)
-            for entry in entries:
+        for entry in state.history[after_seq + 1 :]:
+            last = entry.seq
+            yield entry
+        while state.status not in ("completed", "failed", "cancelled", "stopped"):
+            await asyncio.sleep(poll_interval)
+            for entry in await self.run_io(self.read, run_id, last):
+                state.apply(entry)
                 last = entry.seq
                 yield entry
-            if entries and entries[-1].kind == "run_stopped":
-                return
-            await asyncio.sleep(poll_interval)
+
+    def fork(self, run_id: str, at_seq: int | None = None, new_id: str | None = None) -> str:
+        """Copy a run's journal up to a turn boundary into a new run, created unheld; return the new id.
+
+        ``at_seq`` (default: the last entry) is rounded down to a turn boundary: the last ``run_started``,
+        ``message``, ``model_replied``, ``tool_finished``, ``compacted`` or ``run_stopped`` at or before it
+        after which no call is open (after the last ``tool_finished`` of a reply, or right after a reply
+        without calls, a message or a stop); a driver's bookkeeping after it (``run_resumed``,
+        ``run_released``, ``model_failed``, ...) is left out. The new run's journal is a new ``run_started`` (the source's agent,
+        fingerprint and budgets, ``forked_from {"id": run_id, "seq": boundary}``) followed by the source's
+        entries 1..boundary with the same seqs, kinds, fields and times, re-sealed as one append by a new
+        writer (``w`` and ``h`` cover the seq, so they are new). Inherited ``tool_started`` entries keep their
+        idempotency keys. Inherited entries that came from the source's inbox lose that link (``inbox_seq``
+        and ``item_id`` None; ``inbox_skipped`` gets ``inbox_seq`` -1), because the fork's inbox starts
+        empty. A fork of a ``running`` point needs work, so a worker may pick it up at once. Generic: built on
+        ``read`` and ``create``.
+
+        Raises:
+            RunNotFoundError: no such run.
+            ValueError: ``at_seq`` outside the journal, ``new_id`` exists or is invalid, or the run is a
+                subagent run (fork its root).
+        """
+        entries = self.read(j.validate_run_id(run_id))
+        if not entries:
+            raise ValueError(f"run {run_id} has no entries to fork. Fix: pick another run")
+        last = len(entries) - 1
+        if at_seq is None:
+            at_seq = last
+        if not 0 <= at_seq <= last:
+            raise ValueError(
+                f"run {run_id} has seqs 0 to {last}, not {at_seq}. Fix: pass --at between 0 and {last}"
+            )
+        started = entries[0]
+        if not isinstance(started, j.RunStarted):
+            raise ValueError(f"run {run_id} does not begin with run_started. Fix: pick another run")
+        if started.parent_id is not None:
+            raise ValueError(
+                f"run {run_id} is a subagent of {started.parent_id}. Fix: fork its root "
+                f"{started.root_id or started.parent_id}"
+            )
+        boundary = fork_boundary(entries, at_seq)
+        fork = State(id=new_id)
+        fork.queue(
+            j.RunStarted,
+            agent=started.agent,
+            fingerprint=started.fingerprint,
+            budgets=started.budgets,
+            root_id=fork.id,
+            forked_from={"id": run_id, "seq": boundary},
+        )
+        for entry in entries[1 : boundary + 1]:
+            fork.apply(inherited(entry))
+        info = {**fork.info(), "updated_at": fork.history[0].at}
+        self.create(fork.id, fork.next_batch(), info)
+        return fork.id
+
+    def list_page(
+        self,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        updated_before: datetime | str | None = None,
+        updated_after: datetime | str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[builtins.list[RunInfo], str | None]:
+        """One page of ``list`` and the cursor of the next page (None: there is no more).
+
+        Pages are newest first, by a keyset cursor on ``(updated_at, id)``. A run updated while paging may
+        appear twice (again in a later page), never be skipped, as far as the writers' clocks agree: once
+        the runs present at the start are listed, later pages list the runs updated since. Generic: built
+        on ``list``.
+
+        Raises:
+            ValueError: a bad cursor, time bound or limit.
+        """
+        if limit < 1:
+            raise ValueError(f"limit {limit} is not positive. Fix: pass limit >= 1")
+        filters: dict[str, Any] = {
+            "status": status,
+            "agent": agent,
+            "parent_id": parent_id,
+            "root_id": root_id,
+            "updated_before": updated_before,
+            "updated_after": updated_after,
+        }
+        here = ListCursor.decode(cursor)
+        found = self.list(**filters, limit=limit + 1, cursor=cursor)
+        page = found[:limit]
+        top = here.top
+        if top is None and page:
+            top = page[0].updated_at or ""
+        if len(found) > limit:
+            last = page[-1]
+            return page, ListCursor(here.since, top, last.updated_at or "", last.id).encode()
+        if top is None:
+            return page, None
+        following = ListCursor(since=top).encode()
+        return page, (following if self.list(**filters, limit=1, cursor=following) else None)
 
     def conflict(self, run_id: str, seq: int, stored: j.Entry) -> ConflictError:
         """The ConflictError for an append that met another writer's entry at ``seq``."""

@@ -16,7 +16,9 @@ Appends and posts hold ``flock(LOCK_EX)`` on their file for check, write and syn
 ``LOCK_SH`` only while copying bytes. Tail state (size, length, last append) is cached per run and checked
 with ``fstat``, so an append, ``length`` or ``inbox_length`` never re-reads history. ``list()`` reads one
 tail block per journal; a run whose journal is damaged is listed with status ``damaged`` (``newer format``
-for a journal from a newer tether) rather than breaking the listing.
+for a journal from a newer tether) rather than breaking the listing. ``claim_next`` and ``prune`` decide from
+that listing, read without locks, then check each run again once its ``<id>.lock`` is held (and, for
+``prune``, its inbox's ``LOCK_EX``); ``delete`` and ``prune`` remove a tree's runs root first.
 
 Failpoints (``TETHER_FAILPOINT``, crash tests only): ``before_append`` kills the process before an append
 writes; ``torn_append`` writes about half of the append's bytes (cut inside a line), syncs and kills;
@@ -25,15 +27,18 @@ writes; ``torn_append`` writes about half of the append's bytes (cut inside a li
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import dataclasses
 import fcntl
 import os
 import socket
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +46,31 @@ import orjson
 
 from .. import _failpoints as fp
 from .. import journal as j
-from ..errors import ConflictError, LeaseLostError, NewerFormatError, RunNotFoundError, StoreBrokenError
+from ..errors import (
+    ConflictError,
+    LeaseLostError,
+    NewerFormatError,
+    RunBusyError,
+    RunNotFoundError,
+    StoreBrokenError,
+)
 from ..inbox import InboxItem, make_item
 from . import _filelock as fl
-from .base import Lease, Owner, RunInfo, Store, busy_error
+from .base import (
+    STOPPED,
+    Lease,
+    ListCursor,
+    Owner,
+    RunInfo,
+    Store,
+    as_cutoff,
+    busy_error,
+    check_prune_statuses,
+    listing_key,
+    plan_claim_next,
+    plan_delete,
+    plan_prune,
+)
 
 __all__ = ["FileStore"]
 
@@ -460,6 +486,37 @@ class FileStore(Store):
         except (ValueError, KeyError, TypeError, AttributeError):
             return 0
 
+    def claim_next(
+        self, owner: Owner, ttl: float | None = None, agents: Collection[str] | None = None
+    ) -> Lease | None:
+        """Claim the root of a tree that needs work (see ``Store.claim_next``); None when there is none.
+
+        The listing is read without locks, so each claimed root is checked again while held; one that no
+        longer needs work is released and the next one tried.
+        """
+        infos = self._scan()
+        for run_id in plan_claim_next(infos, agents):
+            try:
+                lease = self.claim(run_id, owner)
+            except (RunBusyError, RunNotFoundError):
+                continue
+            fresh = self._fresh([run_id, *(i.id for i in infos if i.root_id == run_id and i.id != run_id)])
+            if fresh and plan_claim_next(fresh, agents) == [run_id]:
+                return lease
+            root = fresh[0] if fresh and fresh[0].id == run_id else None
+            if root is None or not self.release(lease, at_seq=root.length, inbox_len=root.inbox_len):
+                return lease  # it grew meanwhile: it needs work after all
+        return None
+
+    def _fresh(self, run_ids: Iterable[str]) -> builtins.list[RunInfo]:
+        """The runs' listing records read now, as if no one held them (the caller holds them)."""
+        out = []
+        for run_id in run_ids:
+            info = self._list_one(run_id)
+            if info is not None:
+                out.append(dataclasses.replace(info, lease_owner=None, lease_expires_at=None))
+        return out
+
     def renew(self, lease: Lease) -> Lease:
         held = self._held.get(lease.run_id)
         if held is None or held.token != lease.token:
@@ -520,15 +577,37 @@ class FileStore(Store):
         agent: str | None = None,
         parent_id: str | None = None,
         root_id: str | None = None,
+        updated_before: datetime | str | None = None,
+        updated_after: datetime | str | None = None,
         limit: int = 100,
-    ) -> list[RunInfo]:
+        cursor: str | None = None,
+    ) -> builtins.list[RunInfo]:
+        here = ListCursor.decode(cursor)
+        before = as_cutoff(updated_before) if updated_before is not None else None
+        after = as_cutoff(updated_after) if updated_after is not None else None
+        infos = [
+            info
+            for info in self._scan()
+            if (status is None or info.status == status)
+            and (agent is None or info.agent == agent)
+            and (parent_id is None or info.parent_id == parent_id)
+            and (root_id is None or info.root_id == root_id)
+            and (before is None or (info.updated_at or "") < before)
+            and (after is None or (info.updated_at or "") > after)
+            and here.admits(info)
+        ]
+        infos.sort(key=listing_key, reverse=True)
+        return infos[: max(limit, 0)]
+
+    def _scan(self) -> builtins.list[RunInfo]:
+        """Every run's listing record (one tail block per journal), in no order."""
         if not os.path.isdir(self.path):
             if os.path.exists(self.path):
                 raise ValueError(f"store folder {self.path} is a file. Fix: point the store at a folder")
             return []  # looking at a store never creates it
         with os.scandir(self.path) as it:
             names = [e.name for e in it]
-        infos: list[RunInfo] = []
+        infos: builtins.list[RunInfo] = []
         for name in names:
             if name.startswith(".") or not name.endswith(".jsonl") or name.endswith(".inbox.jsonl"):
                 continue
@@ -538,15 +617,9 @@ class FileStore(Store):
             except ValueError:
                 continue
             info = self._list_one(run_id)
-            if info is not None and (
-                (status is None or info.status == status)
-                and (agent is None or info.agent == agent)
-                and (parent_id is None or info.parent_id == parent_id)
-                and (root_id is None or info.root_id == root_id)
-            ):
+            if info is not None:
                 infos.append(info)
-        infos.sort(key=lambda i: (i.updated_at or "", i.id), reverse=True)
-        return infos[:limit]
+        return infos
 
     def _list_one(self, run_id: str) -> RunInfo | None:
         jpath, ipath, _ = self._paths(run_id)
@@ -582,31 +655,101 @@ class FileStore(Store):
             inbox_consumed=fl.as_int(record.get("inbox_consumed"), -1),
         )
 
-    def delete(self, run_id: str) -> None:
-        jpath, ipath, lpath = self._paths(run_id)
-        with self._jlock(run_id), self._ilock(run_id):
-            if not os.path.lexists(jpath):
-                raise RunNotFoundError(run_id)
-            held = self._held.get(run_id)
-            if held is not None:
-                raise busy_error(run_id, held.owner)
-            fd = self._take(run_id, lpath)
+    def delete(self, run_id: str, *, children: bool = False) -> None:
+        jpath, _, _ = self._paths(run_id)
+        if not os.path.lexists(jpath):
+            raise RunNotFoundError(run_id)
+        ids = plan_delete(self._scan(), run_id, children)
+        self._remove(ids, None)
+
+    def prune(
+        self,
+        older_than: datetime | timedelta | str,
+        *,
+        statuses: Sequence[str] = STOPPED,
+        children: bool = False,
+        dry_run: bool = False,
+    ) -> builtins.list[str]:
+        wanted = check_prune_statuses(statuses)
+        cutoff = as_cutoff(older_than)
+        trees = plan_prune(self._scan(), cutoff, wanted, children)
+        if dry_run:
+            return [run_id for tree in trees for run_id in tree]
+        out: builtins.list[str] = []
+        for tree in trees:
+
+            def still(fresh: builtins.list[RunInfo], tree: builtins.list[str] = tree) -> bool:
+                return plan_prune(fresh, cutoff, wanted, children) == [tree]
+
+            if self._remove(tree, still):
+                out.extend(tree)
+        return out
+
+    @contextlib.contextmanager
+    def _stripes(self, run_ids: Iterable[str]) -> Iterator[None]:
+        """Hold the thread locks of several runs: every journal stripe, then every inbox stripe, in order."""
+        indexes = sorted({hash(run_id) % _STRIPES for run_id in run_ids})
+        with contextlib.ExitStack() as stack:
+            for index in indexes:
+                stack.enter_context(self._jlocks[index])
+            for index in indexes:
+                stack.enter_context(self._ilocks[index])
+            yield
+
+    def _remove(
+        self, run_ids: builtins.list[str], still: Callable[[builtins.list[RunInfo]], bool] | None
+    ) -> bool:
+        """Delete runs (a root first, then its subagent runs) under their locks; whether they were deleted.
+
+        Every ``<id>.lock`` is taken first, then every inbox's ``LOCK_EX`` (no post lands meanwhile). With
+        ``still`` (prune), a run that is busy, gone or no longer passes ``still`` keeps the whole group and
+        False is returned; without it (delete), a busy run raises RunBusyError and a missing one
+        RunNotFoundError. Journals go before inboxes, and each lock file goes only under its own lock.
+        """
+        paths = {run_id: self._paths(run_id) for run_id in run_ids}
+        locks: dict[str, int] = {}
+        inboxes: builtins.list[int] = []
+        with self._stripes(run_ids):
             try:
-                if not os.path.lexists(jpath):
-                    os.unlink(lpath)
-                    raise RunNotFoundError(run_id)
-                try:
-                    with self._locked(run_id, ipath, os.O_RDWR, fcntl.LOCK_EX):  # no post lands meanwhile
-                        os.unlink(jpath)
-                        os.unlink(ipath)
-                except RunNotFoundError:  # no inbox (removed by hand): the journal goes anyway
+                for run_id in run_ids:
+                    jpath, _, lpath = paths[run_id]
+                    held = self._held.get(run_id)
+                    fd = None if held is not None or not os.path.lexists(jpath) else fl.take_lock(lpath)
+                    if fd is not None and not os.path.lexists(jpath):  # deleted meanwhile
+                        os.unlink(lpath)
+                        os.close(fd)
+                        fd = None
+                    if fd is not None:
+                        locks[run_id] = fd
+                    else:
+                        if still is not None:
+                            return False
+                        if not os.path.lexists(jpath):
+                            raise RunNotFoundError(run_id)
+                        raise busy_error(run_id, held.owner if held is not None else _owner_in(lpath))
+                for run_id in run_ids:
+                    try:
+                        ifd = self._open_run_file(run_id, paths[run_id][1], os.O_RDWR)
+                    except RunNotFoundError:
+                        continue  # no inbox (removed by hand): the journal goes anyway
+                    inboxes.append(ifd)
+                    fcntl.flock(ifd, fcntl.LOCK_EX)
+                if still is not None and not still(self._fresh(run_ids)):
+                    return False
+                for run_id in run_ids:  # the root first: a crash part-way leaves orphans, never a bare root
+                    jpath, ipath, lpath = paths[run_id]
                     os.unlink(jpath)
-                os.unlink(lpath)  # only ever under its own lock (DURABILITY 4)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(ipath)
+                    os.unlink(lpath)  # only ever under its own lock (DURABILITY 4)
                 fl.fsync_dir(self.path)
+                return True
             finally:
-                os.close(fd)
-                self._jtails.pop(run_id, None)
-                self._itails.pop(run_id, None)
+                for fd in [*inboxes, *locks.values()]:
+                    os.close(fd)
+                for run_id in run_ids:
+                    self._jtails.pop(run_id, None)
+                    self._itails.pop(run_id, None)
 
 
 # --------------------------------------------------------------------------------------------------

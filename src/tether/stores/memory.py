@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import builtins
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from .. import journal as j
 from ..errors import ConflictError, LeaseLostError, RunNotFoundError
 from ..inbox import InboxItem, make_item
-from .base import Lease, Owner, RunInfo, Store, busy_error
+from .base import (
+    STOPPED,
+    Lease,
+    ListCursor,
+    Owner,
+    RunInfo,
+    Store,
+    as_cutoff,
+    busy_error,
+    check_batch,
+    check_prune_statuses,
+    listing_key,
+    plan_claim_next,
+    plan_delete,
+    plan_prune,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -25,7 +42,8 @@ class _Run:
     item_ids: dict[str, int] = field(default_factory=dict)
     token: int = 0
     owner: Owner | None = None
-    expires: float | None = None
+    expires: float | None = None  # monotonic
+    expires_at: float | None = None  # wall clock, as leases and listings show it
 
 
 class MemoryStore(Store):
@@ -35,6 +53,7 @@ class MemoryStore(Store):
         super().__init__()
         self._runs: dict[str, _Run] = {}
         self._lock = threading.RLock()
+        self._tokens: dict[str, int] = {}  # the last token of each id, kept across a delete
         self._name = f"memory:{uuid.uuid4().hex[:12]}"
 
     @property
@@ -62,22 +81,26 @@ class MemoryStore(Store):
         ttl: float | None = None,
     ) -> Lease | None:
         j.validate_run_id(run_id)
+        check_batch(run_id, entries, 0)
         with self._lock:
             if run_id in self._runs:
                 raise ValueError(
                     f"run {run_id} already exists. Fix: store.load({run_id!r}), or pick another id"
                 )
-            run = _Run(list(entries), dict(info))
+            run = _Run(list(entries), dict(info), token=self._tokens.get(run_id, 0))
             self._runs[run_id] = run
             if owner is None:
                 return None
             return self._take(run_id, run, owner, ttl)
 
     def _take(self, run_id: str, run: _Run, owner: Owner, ttl: float | None) -> Lease:
+        ttl = self.ttl if ttl is None else ttl
         run.token += 1
+        self._tokens[run_id] = run.token
         run.owner = owner
         run.expires = time.monotonic() + ttl if ttl else None
-        return Lease(run_id, run.token, owner, time.time() + ttl if ttl else None, ttl)
+        run.expires_at = time.time() + ttl if ttl else None
+        return Lease(run_id, run.token, owner, run.expires_at, ttl)
 
     def append(
         self,
@@ -97,6 +120,9 @@ class MemoryStore(Store):
                     f"{run.token}). Fix: stop; another process drives the run now",
                     run_id=run_id,
                 )
+            if not entries:
+                return
+            check_batch(run_id, entries, expected_seq)
             n = len(run.entries)
             if expected_seq > n:
                 raise ConflictError(
@@ -147,6 +173,14 @@ class MemoryStore(Store):
                 raise busy_error(run_id, run.owner)
             return self._take(run_id, run, owner, ttl)
 
+    def claim_next(
+        self, owner: Owner, ttl: float | None = None, agents: Collection[str] | None = None
+    ) -> Lease | None:
+        with self._lock:
+            for run_id in plan_claim_next(self._infos(), agents):
+                return self._take(run_id, self._runs[run_id], owner, ttl)
+            return None
+
     def renew(self, lease: Lease) -> Lease:
         with self._lock:
             run = self._run(lease.run_id)
@@ -156,13 +190,14 @@ class MemoryStore(Store):
                 )
             ttl = lease.ttl
             run.expires = time.monotonic() + ttl if ttl else None
-            return Lease(lease.run_id, lease.token, lease.owner, time.time() + ttl if ttl else None, ttl)
+            run.expires_at = time.time() + ttl if ttl else None
+            return Lease(lease.run_id, lease.token, lease.owner, run.expires_at, ttl)
 
     def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
         with self._lock:
-            run = self._run(lease.run_id)
-            if run.token != lease.token:
-                return True  # already taken over: nothing of ours to release
+            run = self._runs.get(lease.run_id)
+            if run is None or run.token != lease.token:
+                return True  # taken over (or gone): nothing of ours to release
             if len(run.entries) != at_seq or len(run.inbox) != inbox_len:
                 return False
             run.owner = None
@@ -188,10 +223,16 @@ class MemoryStore(Store):
         agent: str | None = None,
         parent_id: str | None = None,
         root_id: str | None = None,
+        updated_before: datetime | str | None = None,
+        updated_after: datetime | str | None = None,
         limit: int = 100,
-    ) -> list[RunInfo]:
+        cursor: str | None = None,
+    ) -> builtins.list[RunInfo]:
+        here = ListCursor.decode(cursor)
+        before = as_cutoff(updated_before) if updated_before is not None else None
+        after = as_cutoff(updated_after) if updated_after is not None else None
         with self._lock:
-            infos = [self._info(run_id, run) for run_id, run in self._runs.items()]
+            infos = self._infos()
         infos = [
             i
             for i in infos
@@ -199,9 +240,15 @@ class MemoryStore(Store):
             and (agent is None or i.agent == agent)
             and (parent_id is None or i.parent_id == parent_id)
             and (root_id is None or i.root_id == root_id)
+            and (before is None or (i.updated_at or "") < before)
+            and (after is None or (i.updated_at or "") > after)
+            and here.admits(i)
         ]
-        infos.sort(key=lambda i: (i.updated_at or "", i.id), reverse=True)
-        return infos[:limit]
+        infos.sort(key=listing_key, reverse=True)
+        return infos[: max(limit, 0)]
+
+    def _infos(self) -> builtins.list[RunInfo]:
+        return [self._info(run_id, run) for run_id, run in self._runs.items()]
 
     def _info(self, run_id: str, run: _Run) -> RunInfo:
         info = run.info
@@ -209,23 +256,45 @@ class MemoryStore(Store):
         return RunInfo(
             id=run_id,
             agent=info.get("agent"),
-            status=str(info.get("status", "running")),
+            status=str(info.get("status") or "running"),
             first_message=info.get("first_message"),
             created_at=info.get("created_at"),
             updated_at=info.get("updated_at"),
-            turn=int(info.get("turn", 0)),
+            turn=int(info.get("turn") or 0),
             parent_id=info.get("parent_id"),
-            root_id=info.get("root_id"),
+            root_id=info.get("root_id") or run_id,
             lease_owner=f"{owner.host}:{owner.pid}" if owner else None,
-            lease_expires_at=None,
+            lease_expires_at=run.expires_at if owner else None,
             length=len(run.entries),
             inbox_len=len(run.inbox),
             inbox_consumed=int(info.get("inbox_consumed", -1)),
         )
 
-    def delete(self, run_id: str) -> None:
+    def delete(self, run_id: str, *, children: bool = False) -> None:
+        j.validate_run_id(run_id)
         with self._lock:
-            run = self._run(run_id)
-            if self._held(run):
-                raise busy_error(run_id, run.owner)
-            del self._runs[run_id]
+            ids = plan_delete(self._infos(), run_id, children)
+            for rid in ids:
+                run = self._runs[rid]
+                if self._held(run):
+                    raise busy_error(rid, run.owner)
+            for rid in ids:
+                del self._runs[rid]
+
+    def prune(
+        self,
+        older_than: datetime | timedelta | str,
+        *,
+        statuses: Sequence[str] = STOPPED,
+        children: bool = False,
+        dry_run: bool = False,
+    ) -> builtins.list[str]:
+        wanted = check_prune_statuses(statuses)
+        cutoff = as_cutoff(older_than)
+        with self._lock:
+            trees = plan_prune(self._infos(), cutoff, wanted, children)
+            ids = [rid for tree in trees for rid in tree]
+            if not dry_run:
+                for rid in ids:
+                    del self._runs[rid]
+        return ids

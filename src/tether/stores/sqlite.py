@@ -15,10 +15,15 @@ write lock and each is all or nothing. Numbers (``seq``, ``inbox_seq``, the fenc
 counters on the run's row, never from AUTOINCREMENT. The fence of an append is the ``UPDATE`` of that row
 (token, length and an unexpired lease in its ``WHERE``), in the transaction that inserts the entries. One
 connection per thread (and per process, after a fork).
+
+Listing reads indexes in ``(updated_at DESC, id DESC)`` order (per status, agent, parent and root too), so the
+newest page costs the same at any size; ``claim_next`` reads the partial index ``runs_work`` of roots that
+may need work; ``claim_next``, ``delete`` and ``prune`` each decide and write in one write transaction.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
@@ -27,8 +32,8 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +43,21 @@ from .. import _failpoints as fp
 from .. import journal as j
 from ..errors import ConflictError, CorruptJournalError, LeaseLostError, RunNotFoundError, TetherError
 from ..inbox import InboxItem, make_item
-from .base import Lease, Owner, RunInfo, Store, busy_error, pid_alive
+from .base import (
+    STOPPED,
+    Lease,
+    ListCursor,
+    Owner,
+    RunInfo,
+    Store,
+    as_cutoff,
+    busy_error,
+    check_batch,
+    check_prune_statuses,
+    delete_children_error,
+    delete_subagent_error,
+    pid_alive,
+)
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -50,12 +69,13 @@ _WORK = "parent_id IS NULL AND (status IN ('running', 'waiting') OR inbox_len > 
 _NEXT = (
     f"SELECT id FROM runs AS r INDEXED BY runs_work WHERE {_WORK} AND (lease_owner IS NULL OR "
     "lease_expires_at <= ?) AND (status = 'running' OR inbox_len > inbox_consumed + 1 OR (status = 'waiting' "
-    "AND EXISTS (SELECT 1 FROM runs AS c WHERE c.root_id = r.id AND c.parent_id IS NOT NULL AND "
-    "(c.lease_owner IS NULL OR c.lease_expires_at <= ?) AND (c.status = 'running' OR "
-    "c.inbox_len > c.inbox_consumed + 1))))"
+    "AND EXISTS (SELECT 1 FROM runs AS c WHERE c.root_id = r.id AND c.id <> r.id AND "
+    "(c.lease_owner IS NULL OR c.lease_expires_at <= ?) AND (c.inbox_len > c.inbox_consumed + 1 OR "
+    "(c.status <> 'waiting' AND c.updated_at > r.updated_at)))))"
 )
-"""Roots needing work (parameters: now, now): free, and running, with unconsumed inbox items, or waiting on
-a free child that is running or has unconsumed items."""
+"""Roots needing work (parameters: now, now), as ``Store.claim_next`` says: free, and running, with
+unconsumed inbox items, or waiting while a free run of its tree has unconsumed items or is no longer waiting
+and was updated after the root."""
 
 _MIGRATIONS: list[tuple[str, ...]] = [
     (  # 1: the first schema
@@ -76,17 +96,23 @@ _MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX runs_root ON runs (root_id)",
         f"CREATE INDEX runs_work ON runs (updated_at, id) WHERE {_WORK}",
     ),
+    (  # 2: listing a tree or a parent's children newest first, without a sort
+        "DROP INDEX runs_parent",
+        "DROP INDEX runs_root",
+        "CREATE INDEX runs_parent ON runs (parent_id, updated_at DESC, id DESC)",
+        "CREATE INDEX runs_root ON runs (root_id, updated_at DESC, id DESC)",
+    ),
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 """The schema this tether writes; a file with a higher ``user_version`` is refused."""
 
 _HELD = "length, lease_token, lease_owner, lease_expires_at"
-_FREE = "(lease_owner IS NULL OR lease_expires_at <= ?)"
+_FREE = "(lease_owner IS NULL OR COALESCE(lease_expires_at <= ?, 0))"
+"""Not held (parameter: now); never NULL, so it may be negated."""
 _LISTED = (
     "id, agent, status, first_message, created_at, updated_at, turn, parent_id, root_id, lease_owner, "
     "lease_expires_at, length, inbox_len, inbox_consumed"
 )
-_STOPPED = ("completed", "cancelled", "failed", "stopped")
 
 
 class _Connection(sqlite3.Connection):
@@ -105,15 +131,6 @@ def _holding(raw: str | None, expires: float | None, now: float) -> Owner | None
     return None if pid_alive(owner.pid, owner.host) is False else owner
 
 
-def _iso(value: datetime | timedelta | str) -> str:
-    """A cutoff as the ISO form ``updated_at`` is stored in (UTC, microseconds, ``Z``)."""
-    if isinstance(value, timedelta):
-        value = datetime.now(UTC) - value
-    value = datetime.fromisoformat(value) if isinstance(value, str) else value
-    value = value if value.tzinfo else value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def _all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
     with contextlib.closing(conn.execute(sql, params)) as cur:  # never leave a statement open
         return cur.fetchall()
@@ -121,18 +138,6 @@ def _all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list
 
 def _one(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
     return next(iter(_all(conn, sql, params)), None)
-
-
-def _check_batch(run_id: str, entries: Sequence[j.Entry], first_seq: int) -> None:
-    if not entries:
-        raise ValueError(f"run {run_id}: nothing to write. Fix: pass at least one entry")
-    last = len(entries) - 1
-    for i, entry in enumerate(entries):
-        if entry.seq != first_seq + i or entry.b != last - i or not entry.h or not entry.w:
-            raise ValueError(
-                f"run {run_id}: entry {i} (seq {entry.seq}, b {entry.b}) is not part of one sealed batch "
-                f"from seq {first_seq}. Fix: write what State.next_batch() returns"
-            )
 
 
 class SQLiteStore(Store):
@@ -267,7 +272,7 @@ class SQLiteStore(Store):
         ttl: float | None = None,
     ) -> Lease | None:
         j.validate_run_id(run_id)
-        _check_batch(run_id, entries, 0)
+        check_batch(run_id, entries, 0)
         owner_json, expires, lease = self._lease(run_id, 1, owner, ttl) if owner else (None, None, None)
         try:
             with self._write() as conn:
@@ -311,12 +316,15 @@ class SQLiteStore(Store):
         lease_token: int | None,
         info: dict[str, Any],
     ) -> None:
-        _check_batch(run_id, entries, expected_seq)
+        if entries:
+            check_batch(run_id, entries, expected_seq)
         with self._write() as conn:
             now = time.time()
             n, token, owner, expires = self._row(conn, run_id, _HELD)
             if lease_token != token or not _live(owner, expires, now):
                 raise self._lost(run_id, lease_token, token)
+            if not entries:
+                return
             if expected_seq > n:
                 raise ConflictError(
                     f"run {run_id}: append at seq {expected_seq} leaves a gap after {n} entries. Fix: "
@@ -448,17 +456,12 @@ class SQLiteStore(Store):
             return self._take(conn, run_id, owner, ttl)
 
     def claim_next(
-        self, owner: Owner, ttl: float | None = None, agents: Iterable[str] | None = None
+        self, owner: Owner, ttl: float | None = None, agents: Collection[str] | None = None
     ) -> Lease | None:
-        """Claim the root of a tree that needs work, oldest update first; None when there is none.
+        """Claim the root of a tree that needs work (see ``Store.claim_next``), in one write transaction.
 
-        A tree needs work when its root (no parent, no live lease) is ``running`` or has unconsumed inbox
-        items, or is ``waiting`` on a child (no live lease) that is ``running`` or has unconsumed items.
-
-        Args:
-            owner: who takes it.
-            ttl: the lease length (the store's ``ttl`` when None).
-            agents: only roots of these agents (any agent when None).
+        The candidates come from the partial index ``runs_work``, oldest update first. A lease counts as
+        held until it expires here (a dead holder's lease on this host is not looked into).
         """
         names = None if agents is None else list(agents)
         if names is not None and not names:
@@ -518,47 +521,69 @@ class SQLiteStore(Store):
         """Delete runs; their entries and inbox go with them (``ON DELETE CASCADE``, ``foreign_keys=ON``)."""
         conn.executemany("DELETE FROM runs WHERE id = ?", [(run_id,) for run_id in run_ids])
 
-    def delete(self, run_id: str) -> None:
+    def delete(self, run_id: str, *, children: bool = False) -> None:
+        j.validate_run_id(run_id)
         with self._write() as conn:
-            held, expires = self._row(conn, run_id, "lease_owner, lease_expires_at")
-            if holder := _holding(held, expires, time.time()):
-                raise busy_error(run_id, holder)
-            self._remove(conn, [run_id])
+            parent_id, root_id = self._row(conn, run_id, "parent_id, root_id")
+            if parent_id is not None and _one(conn, "SELECT 1 FROM runs WHERE id = ?", (parent_id,)):
+                raise delete_subagent_error(run_id, parent_id, root_id)
+            kids = [
+                row[0]
+                for row in _all(
+                    conn,
+                    "WITH RECURSIVE tree(id) AS (SELECT id FROM runs WHERE parent_id = ? UNION "
+                    "SELECT runs.id FROM runs JOIN tree ON runs.parent_id = tree.id) SELECT id FROM tree",
+                    (run_id,),
+                )
+                if row[0] != run_id
+            ]
+            if kids and not children:
+                raise delete_children_error(run_id, len(kids))
+            now = time.time()
+            for rid in [run_id, *sorted(kids)]:
+                held, expires = self._row(conn, rid, "lease_owner, lease_expires_at")
+                if holder := _holding(held, expires, now):
+                    raise busy_error(rid, holder)
+            self._remove(conn, [run_id, *kids])
 
     def prune(
         self,
         older_than: datetime | timedelta | str,
         *,
-        statuses: Sequence[str] = _STOPPED,
+        statuses: Sequence[str] = STOPPED,
+        children: bool = False,
         dry_run: bool = False,
-    ) -> list[str]:
-        """Delete stopped runs last updated before a cutoff; return their ids, oldest first.
-
-        Only runs no one holds, with one of ``statuses``, are deleted; never a child whose parent is kept,
-        nor a parent whose child is kept: a tree (the runs sharing a root) goes whole or not at all.
-
-        Args:
-            older_than: the cutoff: a datetime (naive means UTC), an ISO string, or a timedelta before now.
-            statuses: which statuses may go (each one of completed, cancelled, failed, stopped).
-            dry_run: only say which runs would go.
-
-        Raises:
-            ValueError: a status that is not a stop.
-        """
-        bad = [s for s in statuses if s not in _STOPPED]
-        if bad or not statuses:
-            raise ValueError(
-                f"prune statuses {bad or 'none'} are not stops. Fix: use some of {', '.join(_STOPPED)}"
-            )
-        cutoff = _iso(older_than)
+    ) -> builtins.list[str]:
+        """Delete old stopped trees (see ``Store.prune``) in one write transaction; return their ids."""
+        wanted = check_prune_statuses(statuses)
+        cutoff = as_cutoff(older_than)
         now = time.time()
-        eligible = f"status IN ({', '.join('?' * len(statuses))}) AND updated_at < ? AND {_FREE}"
-        sql = (  # a tree (the runs sharing a root) goes whole; inner unqualified names are o's
-            f"SELECT id FROM runs AS r WHERE {eligible} AND NOT EXISTS (SELECT 1 FROM runs AS o "
-            f"WHERE o.root_id = r.root_id AND ({eligible}) IS NOT 1) ORDER BY updated_at, id"
+        marks = ", ".join("?" * len(wanted))
+        stops = ", ".join(f"'{status}'" for status in STOPPED)
+        if children:
+            kids = (
+                "NOT EXISTS (SELECT 1 FROM runs AS c WHERE c.root_id = r.id AND c.id <> r.id AND "
+                f"(c.status NOT IN ({stops}) OR NOT (c.lease_owner IS NULL OR "
+                "COALESCE(c.lease_expires_at <= ?, 0))))"
+            )
+            kid_params: list[Any] = [now]
+        else:
+            kids = "NOT EXISTS (SELECT 1 FROM runs AS c WHERE c.root_id = r.id AND c.id <> r.id)"
+            kid_params = []
+        sql = (
+            f"SELECT id FROM runs AS r WHERE parent_id IS NULL AND status IN ({marks}) AND updated_at < ? "
+            f"AND {_FREE} AND inbox_len <= inbox_consumed + 1 AND {kids} ORDER BY updated_at, id"
         )
         with self._write() as conn:
-            ids = [row[0] for row in _all(conn, sql, [*statuses, cutoff, now] * 2)]
+            ids: builtins.list[str] = []
+            for (root,) in _all(conn, sql, [*wanted, cutoff, now, *kid_params]):
+                ids.append(root)
+                rows = _all(
+                    conn,
+                    "SELECT id FROM runs WHERE root_id = ? AND id <> ? ORDER BY updated_at, id",
+                    (root, root),
+                )
+                ids.extend(row[0] for row in rows)
             if ids and not dry_run:
                 self._remove(conn, ids)
         return ids
@@ -570,19 +595,34 @@ class SQLiteStore(Store):
         agent: str | None = None,
         parent_id: str | None = None,
         root_id: str | None = None,
+        updated_before: datetime | str | None = None,
+        updated_after: datetime | str | None = None,
         limit: int = 100,
-    ) -> list[RunInfo]:
-        where: list[str] = []
-        params: list[Any] = []
+        cursor: str | None = None,
+    ) -> builtins.list[RunInfo]:
+        here = ListCursor.decode(cursor)
+        where: builtins.list[str] = []
+        params: builtins.list[Any] = []
         filters = {"status": status, "agent": agent, "parent_id": parent_id, "root_id": root_id}
         for column, value in filters.items():
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
+        before = as_cutoff(updated_before) if updated_before is not None else None
+        after = as_cutoff(updated_after) if updated_after is not None else None
+        for op, bound in (("<", before), (">", after), (">", here.since)):
+            if bound is not None:
+                where.append(f"updated_at {op} ?")
+                params.append(bound)
+        if here.id is not None:  # the keyset: before (at, id), newest first
+            where.append("updated_at <= ? AND (updated_at < ? OR id < ?)")
+            params += [here.at, here.at, here.id]
         sql = f"SELECT {_LISTED} FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        rows = _all(self._conn(), sql + " ORDER BY updated_at DESC, id DESC LIMIT ?", [*params, int(limit)])
+        rows = _all(
+            self._conn(), sql + " ORDER BY updated_at DESC, id DESC LIMIT ?", [*params, max(int(limit), 0)]
+        )
         now = time.time()
         out: list[RunInfo] = []
         for row in rows:

@@ -1,0 +1,240 @@
+"""The state every step of a drive shares: writing, the inbox, and the helpers (DESIGN 5.3, DURABILITY 2).
+
+``DriveCore`` holds one driven run: the State, the lease, the writer (``flush``: one append at a time,
+whatever was queued meanwhile goes into the next one) and the inbox reading. ``ModelSteps``,
+``ToolSteps`` and ``Drive`` build on it, one concern a module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import journal as j
+from ._events import EntryEvent, Event
+from ._renewal import Renewer
+from ._subagents import cancel_tree, child_id_for, child_needs_work
+from .inbox import InboxItem, consume
+from .output import OutputSpec, output_spec
+from .state import State
+from .stores.base import Lease, Store
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+
+__all__ = ["COMPACT_INSTRUCTIONS", "COMPACT_PROMPT", "TERMINAL", "DriveCore", "backoff", "text_block"]
+
+log = logging.getLogger("tether")
+
+TERMINAL = frozenset({"completed", "cancelled", "failed", "stopped"})
+RETRY_EFFECTS = frozenset({"read_only", "idempotent"})
+COMPACT_INSTRUCTIONS = "You summarize conversations so that work can continue from the summary alone."
+COMPACT_PROMPT = (
+    "Summarize the conversation so far for yourself: the task, what was done, the results that matter, "
+    "and what is left. Keep names, numbers and decisions exactly."
+)
+
+
+class DriveCore:
+    """One held run being driven: its State, lease, writer and inbox."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        store: Store,
+        state: State,
+        lease: Lease,
+        *,
+        emit: Callable[[Event], None] | None = None,
+        inherited: dict[str, Any] | None = None,
+        output: OutputSpec | None = None,
+    ) -> None:
+        self.agent = agent
+        self.store = store
+        self.state = state
+        self.lease = lease
+        self.emit = emit
+        self.acted = False
+        self.stopping = False
+        self.done = False  # this drive wrote a stop
+        self.pending_items: list[InboxItem] = []  # read during a model request, journaled after the reply
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.flush_lock = asyncio.Lock()
+        self.flush_error: BaseException | None = None
+        self.renewer: Renewer | None = None
+        self.lease_lost = False
+        self.save_failed: BaseException | None = None
+        self.inbox_hint: tuple[int, float] = (0, float("-inf"))  # (inbox length, when it was read)
+        self.asked: set[str] = set()  # calls this drive asked agent.human about
+        self.inherited = inherited  # a parent's remaining budgets (for a subagent's run)
+        self.child_busy = False  # a child is held elsewhere: release with its call open
+        self.output = output if output is not None else agent.output or _journaled_output(state)
+        self.output_failures = 0
+        self.cancelling: set[str] = set()  # subagent calls whose child is being cancelled
+        self.waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
+
+    # ----------------------------------------------------------------------------------------------
+    # Writing
+
+    def act(self) -> None:
+        """Queue ``run_resumed`` before this drive's first entry that acts."""
+        if not self.acted:
+            self.acted = True
+            host, pid = j.host_and_pid()
+            self.state.queue(
+                j.RunResumed, writer=self.state.writer, token=self.lease.token, host=host, pid=pid
+            )
+
+    async def flush(self) -> None:
+        """Append everything queued; an append in progress always completes, even when cancelled."""
+        async with self.flush_lock:
+            while self.state.unsaved:
+                batch = self.state.next_batch()
+                loop = asyncio.get_running_loop()
+                future = loop.run_in_executor(self.store.executor, self._append, batch, self.state.info())
+                cancelled = False
+                while True:
+                    try:
+                        await asyncio.shield(future)
+                        break
+                    except asyncio.CancelledError:
+                        if future.done():
+                            break
+                        cancelled = True
+                    except Exception:
+                        break  # the append failed: settled below
+                if future.cancelled() or future.exception() is not None:
+                    error = future.exception() if not future.cancelled() else asyncio.CancelledError()
+                    assert error is not None
+                    if cancelled:
+                        raise asyncio.CancelledError() from error
+                    self.save_failed = error
+                    raise error
+                self.state.batch_saved()
+                self.save_failed = None
+                self.inbox_hint = (future.result(), time.monotonic())
+                if self.emit is not None:
+                    for entry in batch:
+                        self.emit(EntryEvent(entry))
+                if cancelled:
+                    raise asyncio.CancelledError()
+
+    def _append(self, batch: list[j.Entry], info: dict[str, Any]) -> int:
+        """Append a batch, then read the inbox's length in the same trip to the store's thread."""
+        self.store.append(
+            self.state.id,
+            batch,
+            expected_seq=batch[0].seq,
+            writer=self.state.writer,
+            lease_token=self.lease.token,
+            info=info,
+        )
+        return self.store.inbox_length(self.state.id)
+
+    # ----------------------------------------------------------------------------------------------
+    # The inbox
+
+    async def _read_inbox(self) -> list[InboxItem]:
+        state = self.state
+        known = max(state.inbox_consumed, max((i.inbox_seq for i in self.pending_items), default=-1))
+        hinted, when = self.inbox_hint
+        if hinted <= known + 1 and time.monotonic() - when < self.agent.poll_interval:
+            return []  # an append read the inbox's length less than a poll interval ago
+        length = await self.store.run_io(self.store.inbox_length, state.id)
+        self.inbox_hint = (length, time.monotonic())
+        if length <= known + 1:
+            return []
+        return await self.store.run_io(self.store.read_inbox, state.id, known)
+
+    def _journal_pending_items(self) -> bool:
+        """Journal the items read during a model request; returns whether a message was among them."""
+        items, self.pending_items = self.pending_items, []
+        if items:
+            consume(self.state, items)
+        return any(item.type == "message" for item in items)
+
+    async def _consume_inbox(self) -> bool:
+        """Journal every unconsumed item (as the holder); returns whether there were any."""
+        items = self.pending_items + await self._read_inbox()
+        self.pending_items = []
+        if not items:
+            return False
+        if any(item.type == "cancel" for item in items) and self.state.status not in TERMINAL:
+            await self._cancel_children()
+        consume(self.state, items)
+        self.act()
+        if self.state.status == "cancelled":
+            self.done = True
+        return True
+
+    async def _children_with_work(self) -> list[str]:
+        """Open calls waiting on a child that has something to act on (they are re-entered)."""
+        out = []
+        for call in self.state.open_calls:
+            record = self.state.call(call.call_id)
+            if (
+                record is not None
+                and record.child_id is not None
+                and await self.store.run_io(child_needs_work, self.store, record.child_id)
+            ):
+                out.append(call.call_id)
+        return out
+
+    async def _cancel_children(self) -> None:
+        """Cancel the open subagent runs before the run's own cancel closes their calls (DURABILITY 6)."""
+        for call in self.state.open_calls:
+            record = self.state.call(call.call_id)
+            if record is None or (record.effect != "resumable" and record.child_id is None):
+                continue
+            child_id = record.child_id or child_id_for(self.state.id, call.call_id)
+            task = self.tasks.get(call.call_id)
+            if task is not None:  # this drive holds the child: it sees the cancel within a poll interval
+                self.cancelling.add(call.call_id)  # its result is dropped: the cancel closes the call
+                await self.store.run_io(self.store.post, child_id, {"type": "cancel", "by": "parent"})
+                await asyncio.wait({task})
+                self.tasks.pop(call.call_id, None)
+            else:
+                await self.store.run_io(cancel_tree, self.store, child_id, "parent", True)
+
+    async def _give_up(self) -> None:
+        try:
+            await self.store.run_io(self.store.abandon, self.lease)
+        except Exception as exc:  # abandon never raises by contract; a broken store is only logged
+            log.warning("releasing run %s failed: %s", self.state.id, exc)
+
+
+def _journaled_output(state: State) -> OutputSpec | None:
+    """The output type a run was started with, when its module is imported here (never imported for it).
+
+    Raises:
+        ValueError: the run needs an output type this process does not have.
+    """
+    if state.output_type is None:
+        return None
+    module_name, _, qualname = state.output_type.partition(":")
+    target: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part, None) if target is not None else None
+    if target is None:
+        raise ValueError(
+            f"run {state.id} was started with output_type {state.output_type}, which is not imported here. "
+            "Fix: import it, or pass Agent(output_type=...)"
+        )
+    return output_spec(target)
+
+
+def text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def backoff(attempt: int, base: float, retry_after: float | None, cap: float = 30.0) -> float:
+    """Exponential backoff with full jitter, never shorter than the provider's ``retry-after``."""
+    delay = min(cap, base * (2 ** max(0, attempt - 1)))
+    delay = random.uniform(delay / 2, delay)
+    return max(delay, retry_after or 0.0)

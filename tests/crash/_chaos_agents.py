@@ -121,7 +121,7 @@ class PlanModel:
         if request.index >= len(self.plan):
             return ModelReply([{"type": "text", "text": "done"}], "end_turn", usage)
         calls = [
-            {"type": "tool_call", "name": name, "args": args, "provider_id": f"p{request.index}_{i}"}
+            {"type": "tool_call", "name": name, "args": args, "provider_call_id": f"p{request.index}_{i}"}
             for i, (name, args) in enumerate(self.plan[request.index])
         ]
         return ModelReply(calls, "tool_use", usage)

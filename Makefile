@@ -29,6 +29,9 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/turns.py
+	$(PY) bench/turns_sqlite.py --turns 100,1000
+	$(PY) bench/listing.py
+	$(PY) bench/import_time.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

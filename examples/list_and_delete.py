@@ -6,13 +6,18 @@ one (a run a live process holds is refused).
 
 from __future__ import annotations
 
+import os
+
 from tether import Agent, FileStore
 from tether.testing import ScriptedModel
 
 if __name__ == "__main__":
     store = FileStore(".agent-runs")
     agent = Agent(
-        ScriptedModel(["Done: PR 42 looks good.", "Done: PR 43 needs tests."]), store=store, name="reviewer"
+        os.environ.get("TETHER_MODEL")
+        or ScriptedModel(["Done: PR 42 looks good.", "Done: PR 43 needs tests."]),
+        store=store,
+        name="reviewer",
     )
     agent.run("Review PR 42", id="review-pr-42")
     agent.run("Review PR 43", id="review-pr-43")

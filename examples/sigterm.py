@@ -30,7 +30,8 @@ def collect_figures(day: str) -> str:
 def build_agent() -> Agent:
     """The nightly-report agent."""
     return Agent(
-        model=ScriptedModel(
+        model=os.environ.get("TETHER_MODEL")
+        or ScriptedModel(
             [call("collect_figures", day="2026-11-28"), "Nightly report: 1,204 orders, 3 refunds."]
         ),
         name="reporter",

@@ -7,6 +7,7 @@ deltas as the model produces them. A consumer that stops early leaves the run re
 from __future__ import annotations
 
 import asyncio
+import os
 
 from tether import Agent, EntryEvent, FileStore, TextDelta, tool
 from tether.testing import ScriptedModel, call
@@ -23,7 +24,7 @@ def get_weather(city: str) -> str:
 
 
 async def main() -> None:
-    model = ScriptedModel(
+    model = os.environ.get("TETHER_MODEL") or ScriptedModel(
         [call("get_weather", city="Tokyo"), "It is cloudy and 15C in Tokyo."], stream_chunk=8
     )
     agent = Agent(model, name="weather", tools=[get_weather], store=FileStore("runs"))

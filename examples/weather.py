@@ -31,7 +31,8 @@ def get_weather(city: str) -> str:
 def build_agent() -> Agent:
     """The same agent in every process: same name, instructions and tools."""
     return Agent(
-        model=ScriptedModel(
+        model=os.environ.get("TETHER_MODEL")  # e.g. anthropic:claude-sonnet-4-5 with ANTHROPIC_API_KEY set
+        or ScriptedModel(
             [call("get_weather", city="London"), "The weather in London is sunny with a temperature of 22°C."]
         ),
         name="weather",

@@ -391,3 +391,51 @@ def test_terminal_human_asks_on_the_terminal_and_journals_the_answer() -> None:
     assert decided == [(True, "jo", "the customer asked"), (False, "jo", None)]
     shown = stdout.getvalue()
     assert '_publish({"text": "one"})' in shown and "Approve? [y/N]" in shown
+
+
+def test_sigkill_while_waiting_leaves_the_calls_waiting_never_aborted(tmp_path: Path) -> None:
+    (tmp_path / "mailer_agent.py").write_text(AGENT_MODULE)
+    env_code = """
+        import os
+        os.environ["TETHER_FAILPOINT"] = "after_append:approval_requested"
+        from mailer_agent import build
+        build().run("mail ann and pay her", id="mail-k")
+        """
+    killed = child(tmp_path, env_code)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    state = FileStore(tmp_path / "runs").load("mail-k")
+    assert {p.call_id for p in state.pending_approvals} == {"c3_1", "c3_2"}
+    actions = {c.call_id: c.action for c in state.open_calls}
+    assert actions["c3_1"] == "wait" and actions["c3_2"] == "wait"
+    assert not [e for e in state.history if e.kind == "tool_finished" and e.outcome == "aborted"]
+
+
+def test_sigkill_after_a_decision_and_before_its_start_runs_the_tool_once(tmp_path: Path) -> None:
+    (tmp_path / "mailer_agent.py").write_text(AGENT_MODULE)
+    first = child(
+        tmp_path, 'from mailer_agent import build\nbuild().run("mail ann and pay her", id="mail-d")'
+    )
+    assert first.returncode == 0, first.stderr
+    store = FileStore(tmp_path / "runs")
+    state = store.load("mail-d")
+    state.approve("c3_1", by="alice")
+    state.deny("c3_2", by="bob")
+    store.save(state)  # approval_decided journaled alone: the start is the next driver's
+    decided = store.load("mail-d")
+    assert [e.kind for e in decided.history][-3:] == ["approval_decided", "approval_decided", "tool_finished"]
+    killed = child(
+        tmp_path,
+        """
+        import os
+        os.environ["TETHER_FAILPOINT"] = "before_append:tool_started"
+        from mailer_agent import build
+        build().resume("mail-d")
+        """,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    log = ExecutionLog(tmp_path / "side.jsonl")
+    assert log.count(tool="send_email") == 0, "killed before the start was durable: the tool never ran"
+    resumed = child(tmp_path, 'from mailer_agent import build\nprint(build().resume("mail-d").status)')
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.strip() == "completed"
+    assert log.count(tool="send_email") == 1

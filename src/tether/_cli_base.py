@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import functools
 import getpass
-import hashlib
-import importlib
-import importlib.util
 import os
 import re
-import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from . import _loading
 from .errors import TetherError
 from .stores import Store, open_store
 
@@ -215,55 +212,4 @@ def load_agent(spec: str) -> Agent:
         ValueError: the spec is malformed, the module or file cannot be found, the attribute is missing, or
             it is not an Agent.
     """
-    from .agent import Agent
-
-    where, sep, attribute = spec.rpartition(":")
-    if not sep or not where or not attribute:
-        raise ValueError(
-            f"agent {spec!r} is not MODULE:ATTRIBUTE or PATH/FILE.py:ATTRIBUTE. Fix: e.g. --agent "
-            "myapp.agents:support, or --agent agents.py:support"
-        )
-    if where.endswith(".py") or "/" in where or os.sep in where:
-        path = Path(where).expanduser().resolve()
-        if not path.is_file():
-            raise ValueError(f"agent file {where} does not exist. Fix: check the path before ':{attribute}'")
-        name = "_tether_agent_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
-        module = sys.modules.get(name)
-        if module is None:
-            loader_spec = importlib.util.spec_from_file_location(name, path)
-            if loader_spec is None or loader_spec.loader is None:
-                raise ValueError(f"agent file {where} cannot be loaded. Fix: pass a .py file")
-            module = importlib.util.module_from_spec(loader_spec)
-            if str(path.parent) not in sys.path:
-                sys.path.insert(0, str(path.parent))
-            sys.modules[name] = module
-            try:
-                loader_spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]
-                raise
-    else:
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(where)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not (where == exc.name or where.startswith(exc.name + ".")):
-                raise
-            raise ValueError(
-                f"module {where} cannot be imported ({exc}). Fix: run tether from the folder that holds it, or "
-                "pass PATH/FILE.py:ATTRIBUTE"
-            ) from None
-    target: object = module
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"{where} has no attribute {attribute}. Fix: name the Agent after the ':'")
-        target = getattr(target, part)
-    if not isinstance(target, Agent) and callable(target):
-        target = target()
-    if not isinstance(target, Agent):
-        raise ValueError(
-            f"{spec} is a {type(target).__name__}, not an Agent. Fix: name an Agent, or a function taking no "
-            "arguments that returns one"
-        )
-    return target
+    return _loading.load_agent(spec, _loading.CLI)

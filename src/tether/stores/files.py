@@ -27,18 +27,14 @@ writes; ``torn_append`` writes about half of the append's bytes (cut inside a li
 
 from __future__ import annotations
 
-import builtins
 import contextlib
-import dataclasses
 import fcntl
 import os
 import socket
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,41 +45,25 @@ from .. import journal as j
 from ..errors import (
     ConflictError,
     LeaseLostError,
-    NewerFormatError,
     RunBusyError,
     RunNotFoundError,
     StoreBrokenError,
 )
 from ..inbox import InboxItem, make_item
 from . import _filelock as fl
+from . import _filetail as ft
+from ._files_listing import STRIPES, FileListing, Held, owner_in
 from .base import (
-    STOPPED,
     Lease,
-    ListCursor,
     Owner,
-    RunInfo,
-    Store,
-    as_cutoff,
     busy_error,
-    check_prune_statuses,
-    listing_key,
     plan_claim_next,
-    plan_delete,
-    plan_prune,
 )
 
 __all__ = ["FileStore"]
 
-_STRIPES = 64  # per-run thread locks, striped by run id
 _STORES: weakref.WeakValueDictionary[int, FileStore] = weakref.WeakValueDictionary()
 _BROKEN: set[tuple[int, int]] = set()  # (dev, ino) of journals where a failed write could not be undone
-
-
-@dataclass(slots=True)
-class _Held:
-    fd: int
-    token: int
-    owner: Owner
 
 
 def _after_fork_in_child() -> None:
@@ -94,7 +74,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class FileStore(Store):
+class FileStore(FileListing):
     """Runs in a folder: one journal, one inbox and one lock file per run (see the module docstring).
 
     Args:
@@ -115,12 +95,12 @@ class FileStore(Store):
         _STORES[id(self)] = self
 
     def _reset(self) -> None:
-        self._jlocks = [threading.RLock() for _ in range(_STRIPES)]
-        self._ilocks = [threading.RLock() for _ in range(_STRIPES)]
-        self._held: dict[str, _Held] = {}
+        self._jlocks = [threading.RLock() for _ in range(STRIPES)]
+        self._ilocks = [threading.RLock() for _ in range(STRIPES)]
+        self._held: dict[str, Held] = {}
         self._jfds: dict[str, int] = {}
-        self._jtails: dict[str, fl.JTail] = {}
-        self._itails: dict[str, fl.ITail] = {}
+        self._jtails: dict[str, ft.JTail] = {}
+        self._itails: dict[str, ft.ITail] = {}
 
     def __repr__(self) -> str:
         return f"FileStore({self.path!r})"
@@ -150,10 +130,10 @@ class FileStore(Store):
         return stem + ".jsonl", stem + ".inbox.jsonl", stem + ".lock"
 
     def _jlock(self, run_id: str) -> threading.RLock:
-        return self._jlocks[hash(run_id) % _STRIPES]
+        return self._jlocks[hash(run_id) % STRIPES]
 
     def _ilock(self, run_id: str) -> threading.RLock:
-        return self._ilocks[hash(run_id) % _STRIPES]
+        return self._ilocks[hash(run_id) % STRIPES]
 
     def _forget_after_fork(self) -> None:
         """In a forked child: close (never unlock) every lease and journal fd, so the child holds nothing."""
@@ -176,7 +156,7 @@ class FileStore(Store):
         """Take ``<id>.lock`` (retrying 50 ms) or raise RunBusyError naming its holder."""
         fd = fl.take_lock(lpath)
         if fd is None:
-            raise busy_error(run_id, _owner_in(lpath))
+            raise busy_error(run_id, owner_in(lpath))
         return fd
 
     @staticmethod
@@ -196,7 +176,7 @@ class FileStore(Store):
         finally:
             os.close(fd)
 
-    def _journal_tail(self, run_id: str, jpath: str) -> fl.JTail:
+    def _journal_tail(self, run_id: str, jpath: str) -> ft.JTail:
         """The journal's tail state: one ``stat`` when cached and unchanged, else one tail block."""
         with self._jlock(run_id):
             try:
@@ -204,15 +184,15 @@ class FileStore(Store):
             except FileNotFoundError:
                 raise RunNotFoundError(run_id) from None
             cached = self._jtails.get(run_id)
-            if cached is not None and fl.same(cached, st):
+            if cached is not None and ft.same(cached, st):
                 return cached
             with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
-                tail = self._jtails[run_id] = fl.refresh_journal(run_id, fd, os.fstat(fd), cached)
+                tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, os.fstat(fd), cached)
                 return tail
 
-    def _inbox_locked(self, run_id: str, fd: int) -> fl.ITail:
+    def _inbox_locked(self, run_id: str, fd: int) -> ft.ITail:
         """The inbox's state; the caller holds a flock on ``fd``."""
-        tail = self._itails[run_id] = fl.refresh_inbox(run_id, fd, os.fstat(fd), self._itails.get(run_id))
+        tail = self._itails[run_id] = ft.refresh_inbox(run_id, fd, os.fstat(fd), self._itails.get(run_id))
         return tail
 
     # --------------------------------------------------------------------------------------------
@@ -238,7 +218,7 @@ class FileStore(Store):
         with self._jlock(run_id), self._ilock(run_id):
             fd = fl.take_lock(lpath)
             if fd is None:
-                raise _exists(run_id) if os.path.lexists(jpath) else busy_error(run_id, _owner_in(lpath))
+                raise _exists(run_id) if os.path.lexists(jpath) else busy_error(run_id, owner_in(lpath))
             kept = linked = False
             try:
                 if os.path.lexists(jpath):
@@ -256,12 +236,12 @@ class FileStore(Store):
                     raise _exists(run_id) from None
                 linked = True
                 version = entries[0].version if isinstance(entries[0], j.RunStarted) else None
-                parsed = fl.Parsed([], len(data), len(entries), version, info_line, entries)
-                self._jtails[run_id] = fl.JTail.of(st, parsed)
+                parsed = ft.Parsed([], len(data), len(entries), version, info_line, entries)
+                self._jtails[run_id] = ft.JTail.of(st, parsed)
                 if owner is None or token is None:
                     return None
                 fl.write_lock(fd, _lock_content(owner, token))
-                self._held[run_id] = _Held(fd, token, owner)
+                self._held[run_id] = Held(fd, token, owner)
                 kept = True
                 return Lease(run_id, token, owner, None)
             except BaseException:
@@ -322,7 +302,7 @@ class FileStore(Store):
                 f"run {run_id}: an earlier write to its journal failed and could not be undone. Fix: stop this "
                 "process and resume the run from a new one (its first append repairs the file)"
             )
-        tail = self._jtails[run_id] = fl.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
+        tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
         n = tail.length
         if expected_seq > n:
             raise ConflictError(
@@ -357,14 +337,14 @@ class FileStore(Store):
         if fp.ACTIVE and fp.hits("after_append", new):
             fp.die()
         version = new[0].version if isinstance(new[0], j.RunStarted) else tail.version
-        parsed = fl.Parsed([], end + len(data), n + len(new), version, info_line, new)
-        self._jtails[run_id] = fl.JTail.of(os.fstat(fd), parsed)
+        parsed = ft.Parsed([], end + len(data), n + len(new), version, info_line, new)
+        self._jtails[run_id] = ft.JTail.of(os.fstat(fd), parsed)
 
-    def _compare(self, run_id: str, fd: int, tail: fl.JTail, head: list[j.Entry], expected_seq: int) -> None:
+    def _compare(self, run_id: str, fd: int, tail: ft.JTail, head: list[j.Entry], expected_seq: int) -> None:
         """A retried append: its first entries must be the stored ones (same ``w`` and ``h``)."""
         stored = {e.seq: e for e in tail.last}
         if any(expected_seq + i not in stored for i in range(len(head))):  # older than the last append
-            parsed = fl.parse_forward(
+            parsed = ft.parse_forward(
                 run_id, fl.pread_all(fd, tail.end, 0), base=0, seq=0, version=None, keep=True
             )
             stored = {e.seq: e for e in parsed.entries[expected_seq : expected_seq + len(head)]}
@@ -381,20 +361,20 @@ class FileStore(Store):
             seen = cached = self._jtails.get(run_id)
             if cached is None or cached.version is None or since < cached.length:
                 cached = None  # read it all: only a whole pass checks the whole journal
-            elif fl.same(cached, st):
+            elif ft.same(cached, st):
                 return []
-            elif not fl.anchored(fd, cached, st):
+            elif not ft.anchored(fd, cached, st):
                 cached = None
             base = cached.end if cached is not None else 0
             data = fl.pread_all(fd, st.st_size - base, base)
         first = cached.length if cached is not None else 0
         version = cached.version if cached is not None else None
-        p = fl.parse_forward(run_id, data, base=base, seq=first, version=version, keep=True)
+        p = ft.parse_forward(run_id, data, base=base, seq=first, version=version, keep=True)
         if cached is not None and not p.info_line:
             p.info_line, p.last = cached.info_line, cached.last
         with self._jlock(run_id):
             if self._jtails.get(run_id) is seen:  # not changed by an append meanwhile
-                self._jtails[run_id] = fl.JTail.of(st, p)
+                self._jtails[run_id] = ft.JTail.of(st, p)
         return p.entries[since - first :]
 
     def length(self, run_id: str) -> int:
@@ -449,7 +429,7 @@ class FileStore(Store):
             except FileNotFoundError:
                 raise RunNotFoundError(run_id) from None
             cached = self._itails.get(run_id)
-            if cached is not None and fl.same(cached, st):
+            if cached is not None and ft.same(cached, st):
                 return len(cached.offsets)
             with self._locked(run_id, ipath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
                 return len(self._inbox_locked(run_id, fd).offsets)
@@ -475,7 +455,7 @@ class FileStore(Store):
             except BaseException:
                 os.close(fd)
                 raise
-            self._held[run_id] = _Held(fd, token, owner)
+            self._held[run_id] = Held(fd, token, owner)
             return Lease(run_id, token, owner, None)
 
     def _journal_token(self, run_id: str, jpath: str) -> int:
@@ -507,15 +487,6 @@ class FileStore(Store):
             if root is None or not self.release(lease, at_seq=root.length, inbox_len=root.inbox_len):
                 return lease  # it grew meanwhile: it needs work after all
         return None
-
-    def _fresh(self, run_ids: Iterable[str]) -> builtins.list[RunInfo]:
-        """The runs' listing records read now, as if no one held them (the caller holds them)."""
-        out = []
-        for run_id in run_ids:
-            info = self._list_one(run_id)
-            if info is not None:
-                out.append(dataclasses.replace(info, lease_owner=None, lease_expires_at=None))
-        return out
 
     def renew(self, lease: Lease) -> Lease:
         held = self._held.get(lease.run_id)
@@ -567,190 +538,6 @@ class FileStore(Store):
                 self._drop(run_id)
         super().close()
 
-    # --------------------------------------------------------------------------------------------
-    # Listing and deleting
-
-    def list(
-        self,
-        *,
-        status: str | None = None,
-        agent: str | None = None,
-        parent_id: str | None = None,
-        root_id: str | None = None,
-        updated_before: datetime | str | None = None,
-        updated_after: datetime | str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> builtins.list[RunInfo]:
-        here = ListCursor.decode(cursor)
-        before = as_cutoff(updated_before) if updated_before is not None else None
-        after = as_cutoff(updated_after) if updated_after is not None else None
-        infos = [
-            info
-            for info in self._scan()
-            if (status is None or info.status == status)
-            and (agent is None or info.agent == agent)
-            and (parent_id is None or info.parent_id == parent_id)
-            and (root_id is None or info.root_id == root_id)
-            and (before is None or (info.updated_at or "") < before)
-            and (after is None or (info.updated_at or "") > after)
-            and here.admits(info)
-        ]
-        infos.sort(key=listing_key, reverse=True)
-        return infos[: max(limit, 0)]
-
-    def _scan(self) -> builtins.list[RunInfo]:
-        """Every run's listing record (one tail block per journal), in no order."""
-        if not os.path.isdir(self.path):
-            if os.path.exists(self.path):
-                raise ValueError(f"store folder {self.path} is a file. Fix: point the store at a folder")
-            return []  # looking at a store never creates it
-        with os.scandir(self.path) as it:
-            names = [e.name for e in it]
-        infos: builtins.list[RunInfo] = []
-        for name in names:
-            if name.startswith(".") or not name.endswith(".jsonl") or name.endswith(".inbox.jsonl"):
-                continue
-            run_id = name[: -len(".jsonl")]
-            try:
-                j.validate_run_id(run_id)
-            except ValueError:
-                continue
-            info = self._list_one(run_id)
-            if info is not None:
-                infos.append(info)
-        return infos
-
-    def _list_one(self, run_id: str) -> RunInfo | None:
-        jpath, ipath, _ = self._paths(run_id)
-        try:
-            tail = self._journal_tail(run_id, jpath)
-            record = orjson.loads(tail.info_line)["info"]  # no complete append at all: damaged
-            if not isinstance(record, dict):
-                raise TypeError("the listing record is not an object")
-        except RunNotFoundError:
-            return None  # deleted meanwhile
-        except NewerFormatError:
-            return RunInfo(run_id, None, "newer format", None, None, None, 0, None, None, None, None)
-        except (OSError, ValueError, KeyError, TypeError):
-            return RunInfo(run_id, None, "damaged", None, None, None, 0, None, None, None, None)
-        try:
-            owner = self.holder(run_id)
-        except (OSError, RunNotFoundError):
-            owner = None
-        return RunInfo(
-            id=run_id,
-            agent=record.get("agent"),
-            status=str(record.get("status") or "running"),
-            first_message=record.get("first_message"),
-            created_at=record.get("created_at"),
-            updated_at=record.get("updated_at"),
-            turn=fl.as_int(record.get("turn")),
-            parent_id=record.get("parent_id"),
-            root_id=record.get("root_id"),
-            lease_owner=f"{owner.host}:{owner.pid}" if owner else None,
-            lease_expires_at=None,
-            length=tail.length,
-            inbox_len=fl.inbox_count(ipath),
-            inbox_consumed=fl.as_int(record.get("inbox_consumed"), -1),
-        )
-
-    def delete(self, run_id: str, *, children: bool = False) -> None:
-        jpath, _, _ = self._paths(run_id)
-        if not os.path.lexists(jpath):
-            raise RunNotFoundError(run_id)
-        ids = plan_delete(self._scan(), run_id, children)
-        self._remove(ids, None)
-
-    def prune(
-        self,
-        older_than: datetime | timedelta | str,
-        *,
-        statuses: Sequence[str] = STOPPED,
-        children: bool = False,
-        dry_run: bool = False,
-    ) -> builtins.list[str]:
-        wanted = check_prune_statuses(statuses)
-        cutoff = as_cutoff(older_than)
-        trees = plan_prune(self._scan(), cutoff, wanted, children)
-        if dry_run:
-            return [run_id for tree in trees for run_id in tree]
-        out: builtins.list[str] = []
-        for tree in trees:
-
-            def still(fresh: builtins.list[RunInfo], tree: builtins.list[str] = tree) -> bool:
-                return plan_prune(fresh, cutoff, wanted, children) == [tree]
-
-            if self._remove(tree, still):
-                out.extend(tree)
-        return out
-
-    @contextlib.contextmanager
-    def _stripes(self, run_ids: Iterable[str]) -> Iterator[None]:
-        """Hold the thread locks of several runs: every journal stripe, then every inbox stripe, in order."""
-        indexes = sorted({hash(run_id) % _STRIPES for run_id in run_ids})
-        with contextlib.ExitStack() as stack:
-            for index in indexes:
-                stack.enter_context(self._jlocks[index])
-            for index in indexes:
-                stack.enter_context(self._ilocks[index])
-            yield
-
-    def _remove(
-        self, run_ids: builtins.list[str], still: Callable[[builtins.list[RunInfo]], bool] | None
-    ) -> bool:
-        """Delete runs (a root first, then its subagent runs) under their locks; whether they were deleted.
-
-        Every ``<id>.lock`` is taken first, then every inbox's ``LOCK_EX`` (no post lands meanwhile). With
-        ``still`` (prune), a run that is busy, gone or no longer passes ``still`` keeps the whole group and
-        False is returned; without it (delete), a busy run raises RunBusyError and a missing one
-        RunNotFoundError. Journals go before inboxes, and each lock file goes only under its own lock.
-        """
-        paths = {run_id: self._paths(run_id) for run_id in run_ids}
-        locks: dict[str, int] = {}
-        inboxes: builtins.list[int] = []
-        with self._stripes(run_ids):
-            try:
-                for run_id in run_ids:
-                    jpath, _, lpath = paths[run_id]
-                    held = self._held.get(run_id)
-                    fd = None if held is not None or not os.path.lexists(jpath) else fl.take_lock(lpath)
-                    if fd is not None and not os.path.lexists(jpath):  # deleted meanwhile
-                        os.unlink(lpath)
-                        os.close(fd)
-                        fd = None
-                    if fd is not None:
-                        locks[run_id] = fd
-                    else:
-                        if still is not None:
-                            return False
-                        if not os.path.lexists(jpath):
-                            raise RunNotFoundError(run_id)
-                        raise busy_error(run_id, held.owner if held is not None else _owner_in(lpath))
-                for run_id in run_ids:
-                    try:
-                        ifd = self._open_run_file(run_id, paths[run_id][1], os.O_RDWR)
-                    except RunNotFoundError:
-                        continue  # no inbox (removed by hand): the journal goes anyway
-                    inboxes.append(ifd)
-                    fcntl.flock(ifd, fcntl.LOCK_EX)
-                if still is not None and not still(self._fresh(run_ids)):
-                    return False
-                for run_id in run_ids:  # the root first: a crash part-way leaves orphans, never a bare root
-                    jpath, ipath, lpath = paths[run_id]
-                    os.unlink(jpath)
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(ipath)
-                    os.unlink(lpath)  # only ever under its own lock (DURABILITY 4)
-                fl.fsync_dir(self.path)
-                return True
-            finally:
-                for fd in [*inboxes, *locks.values()]:
-                    os.close(fd)
-                for run_id in run_ids:
-                    self._jtails.pop(run_id, None)
-                    self._itails.pop(run_id, None)
-
 
 # --------------------------------------------------------------------------------------------------
 # Helpers
@@ -758,11 +545,6 @@ class FileStore(Store):
 
 def _exists(run_id: str) -> ValueError:
     return ValueError(f"run {run_id} already exists. Fix: store.load({run_id!r}), or pick another id")
-
-
-def _owner_in(lpath: str) -> Owner | None:
-    content = fl.read_lock(lpath)
-    return Owner.from_dict(content) if content.get("pid") else None
 
 
 def _lock_content(owner: Owner, token: int) -> dict[str, Any]:

@@ -14,10 +14,10 @@ from typing import Any
 from .. import journal as j
 from ..errors import ConflictError, LeaseLostError, RunNotFoundError
 from ..inbox import InboxItem, make_item
+from ._listing import ListQuery
 from .base import (
     STOPPED,
     Lease,
-    ListCursor,
     Owner,
     RunInfo,
     Store,
@@ -25,7 +25,6 @@ from .base import (
     busy_error,
     check_batch,
     check_prune_statuses,
-    listing_key,
     plan_claim_next,
     plan_delete,
     plan_prune,
@@ -228,24 +227,18 @@ class MemoryStore(Store):
         limit: int = 100,
         cursor: str | None = None,
     ) -> builtins.list[RunInfo]:
-        here = ListCursor.decode(cursor)
-        before = as_cutoff(updated_before) if updated_before is not None else None
-        after = as_cutoff(updated_after) if updated_after is not None else None
+        query = ListQuery.of(
+            status=status,
+            agent=agent,
+            parent_id=parent_id,
+            root_id=root_id,
+            updated_before=updated_before,
+            updated_after=updated_after,
+            cursor=cursor,
+        )
         with self._lock:
             infos = self._infos()
-        infos = [
-            i
-            for i in infos
-            if (status is None or i.status == status)
-            and (agent is None or i.agent == agent)
-            and (parent_id is None or i.parent_id == parent_id)
-            and (root_id is None or i.root_id == root_id)
-            and (before is None or (i.updated_at or "") < before)
-            and (after is None or (i.updated_at or "") > after)
-            and here.admits(i)
-        ]
-        infos.sort(key=listing_key, reverse=True)
-        return infos[: max(limit, 0)]
+        return query.select(infos, limit)
 
     def _infos(self) -> builtins.list[RunInfo]:
         return [self._info(run_id, run) for run_id, run in self._runs.items()]

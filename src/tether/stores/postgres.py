@@ -40,6 +40,7 @@ from .. import journal as j
 from ..errors import ConflictError, CorruptJournalError, RunNotFoundError, TetherError
 from ..inbox import InboxItem, make_item
 from . import base
+from ._listing import ListQuery
 from ._pgsql import (
     CHANNEL,
     EPOCH,
@@ -554,15 +555,14 @@ class PostgresStore(Store):
              root_id: str | None = None, updated_before: datetime | str | None = None,
              updated_after: datetime | str | None = None, limit: int = 100,
              cursor: str | None = None) -> builtins.list[RunInfo]:  # fmt: skip
-        here = base.ListCursor.decode(cursor)
+        query = ListQuery.of(status=status, agent=agent, parent_id=parent_id, root_id=root_id,
+                             updated_before=updated_before, updated_after=updated_after, cursor=cursor)  # fmt: skip
+        here = query.cursor
         where: builtins.list[tuple[str, Any]] = [
-            (f"{column} = %s", value)
-            for column, value in (("status", status), ("agent", agent), ("parent_id", parent_id),
-                                  ("root_id", root_id))
-            if value is not None
-        ]  # fmt: skip
-        where += [(f"updated_at {op} %s", base.as_cutoff(bound))
-                  for op, bound in (("<", updated_before), (">", updated_after)) if bound is not None]  # fmt: skip
+            (f"{column} = %s", value) for column, value in query.equal.items()
+        ]
+        where += [(f"updated_at {op} %s", bound) for op, bound in (("<", query.before), (">", query.after))
+                  if bound is not None]  # fmt: skip
         if here.since is not None:
             where.append(("updated_at > %s", here.since))
         if here.id is not None:  # the keyset: before (at, id), newest first

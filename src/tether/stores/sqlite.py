@@ -43,10 +43,16 @@ from .. import _failpoints as fp
 from .. import journal as j
 from ..errors import ConflictError, CorruptJournalError, LeaseLostError, RunNotFoundError, TetherError
 from ..inbox import InboxItem, make_item
+from ._listing import ListQuery
+from ._sqlite_schema import FREE as _FREE
+from ._sqlite_schema import HELD as _HELD
+from ._sqlite_schema import LISTED as _LISTED
+from ._sqlite_schema import MIGRATIONS as _MIGRATIONS
+from ._sqlite_schema import NEXT as _NEXT
+from ._sqlite_schema import SCHEMA_VERSION
 from .base import (
     STOPPED,
     Lease,
-    ListCursor,
     Owner,
     RunInfo,
     Store,
@@ -62,57 +68,6 @@ from .base import (
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 log = logging.getLogger(__name__)
-
-_WORK = "parent_id IS NULL AND (status IN ('running', 'waiting') OR inbox_len > inbox_consumed + 1)"
-"""Roots that may need work; the partial index ``runs_work`` covers exactly these (its text must match)."""
-
-_NEXT = (
-    f"SELECT id FROM runs AS r INDEXED BY runs_work WHERE {_WORK} AND (lease_owner IS NULL OR "
-    "lease_expires_at <= ?) AND (status = 'running' OR inbox_len > inbox_consumed + 1 OR (status = 'waiting' "
-    "AND EXISTS (SELECT 1 FROM runs AS c WHERE c.root_id = r.id AND c.id <> r.id AND "
-    "(c.lease_owner IS NULL OR c.lease_expires_at <= ?) AND (c.inbox_len > c.inbox_consumed + 1 OR "
-    "(c.status <> 'waiting' AND c.updated_at > r.updated_at)))))"
-)
-"""Roots needing work (parameters: now, now), as ``Store.claim_next`` says: free, and running, with
-unconsumed inbox items, or waiting while a free run of its tree has unconsumed items or is no longer waiting
-and was updated after the root."""
-
-_MIGRATIONS: list[tuple[str, ...]] = [
-    (  # 1: the first schema
-        "CREATE TABLE runs (id TEXT PRIMARY KEY, agent TEXT, status TEXT NOT NULL DEFAULT 'running', "
-        "turn INTEGER NOT NULL DEFAULT 0, first_message TEXT, created_at TEXT, updated_at TEXT, "
-        "parent_id TEXT, root_id TEXT, info TEXT NOT NULL DEFAULT '{}', length INTEGER NOT NULL DEFAULT 0, "
-        "inbox_len INTEGER NOT NULL DEFAULT 0, inbox_consumed INTEGER NOT NULL DEFAULT -1, lease_owner TEXT, "
-        "lease_token INTEGER NOT NULL DEFAULT 0, lease_expires_at REAL)",
-        "CREATE TABLE entries (run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, "
-        "seq INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (run_id, seq))",
-        "CREATE TABLE inbox (run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, "
-        "inbox_seq INTEGER NOT NULL, item_id TEXT NOT NULL, body BLOB NOT NULL, "
-        "PRIMARY KEY (run_id, inbox_seq), UNIQUE (run_id, item_id))",
-        "CREATE INDEX runs_updated ON runs (updated_at DESC, id DESC)",
-        "CREATE INDEX runs_status ON runs (status, updated_at DESC, id DESC)",
-        "CREATE INDEX runs_agent ON runs (agent, updated_at DESC, id DESC)",
-        "CREATE INDEX runs_parent ON runs (parent_id)",
-        "CREATE INDEX runs_root ON runs (root_id)",
-        f"CREATE INDEX runs_work ON runs (updated_at, id) WHERE {_WORK}",
-    ),
-    (  # 2: listing a tree or a parent's children newest first, without a sort
-        "DROP INDEX runs_parent",
-        "DROP INDEX runs_root",
-        "CREATE INDEX runs_parent ON runs (parent_id, updated_at DESC, id DESC)",
-        "CREATE INDEX runs_root ON runs (root_id, updated_at DESC, id DESC)",
-    ),
-]
-SCHEMA_VERSION = len(_MIGRATIONS)
-"""The schema this tether writes; a file with a higher ``user_version`` is refused."""
-
-_HELD = "length, lease_token, lease_owner, lease_expires_at"
-_FREE = "(lease_owner IS NULL OR COALESCE(lease_expires_at <= ?, 0))"
-"""Not held (parameter: now); never NULL, so it may be negated."""
-_LISTED = (
-    "id, agent, status, first_message, created_at, updated_at, turn, parent_id, root_id, lease_owner, "
-    "lease_expires_at, length, inbox_len, inbox_consumed"
-)
 
 
 class _Connection(sqlite3.Connection):
@@ -600,17 +555,19 @@ class SQLiteStore(Store):
         limit: int = 100,
         cursor: str | None = None,
     ) -> builtins.list[RunInfo]:
-        here = ListCursor.decode(cursor)
-        where: builtins.list[str] = []
-        params: builtins.list[Any] = []
-        filters = {"status": status, "agent": agent, "parent_id": parent_id, "root_id": root_id}
-        for column, value in filters.items():
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        before = as_cutoff(updated_before) if updated_before is not None else None
-        after = as_cutoff(updated_after) if updated_after is not None else None
-        for op, bound in (("<", before), (">", after), (">", here.since)):
+        query = ListQuery.of(
+            status=status,
+            agent=agent,
+            parent_id=parent_id,
+            root_id=root_id,
+            updated_before=updated_before,
+            updated_after=updated_after,
+            cursor=cursor,
+        )
+        here = query.cursor
+        where: builtins.list[str] = [f"{column} = ?" for column in query.equal]
+        params: builtins.list[Any] = list(query.equal.values())
+        for op, bound in (("<", query.before), (">", query.after), (">", here.since)):
             if bound is not None:
                 where.append(f"updated_at {op} ?")
                 params.append(bound)

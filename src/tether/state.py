@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import journal as j
+from ._calls import ABORTED_UNKNOWN, CallRecord, DecisionRecord, OpenCall, PendingApproval
 from .errors import CorruptJournalError
 from .messages import Message, MessagesView
 from .output import typed_output
 
-__all__ = ["OpenCall", "PendingApproval", "State", "Status"]
+__all__ = ["ABORTED_UNKNOWN", "OpenCall", "PendingApproval", "State", "Status"]
 
 Status = Literal["running", "waiting", "completed", "failed", "cancelled", "stopped"]
-Action = Literal["run", "retry", "abort", "deny", "wait", "resume_child"]
 
 _PROGRESS_KINDS = frozenset(
     {"model_replied", "tool_finished", "approval_decided", "run_released", "run_stopped"}
@@ -29,94 +28,6 @@ _KEEP_STOPPED = frozenset(
     {"inbox_skipped", "run_released", "run_resumed", "run_stopped", "cancel_requested", "compacted"}
 )
 _REQUEST_KINDS = frozenset({"model_replied", "model_failed", "compacted"})
-_RESUMABLE_RETRY = frozenset({"read_only", "idempotent"})
-ABORTED_UNKNOWN = (
-    "unknown: the run stopped before this result was saved, so the tool may or may not have run. Check "
-    "whether it took effect before relying on it or running it again"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class PendingApproval:
-    """A call waiting for a person's decision."""
-
-    call_id: str
-    tool: str
-    args: Any
-    asked_at: str
-    run_id: str
-    round: int = 0
-    question: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OpenCall:
-    """A call without a ``tool_finished``, and what a resume would do with it.
-
-    ``action`` is ``run`` (never started, or approved), ``retry`` (cut off; same key, ``attempt`` + 1),
-    ``abort`` (closed ``aborted``), ``deny`` (closed ``denied``), ``wait`` (approval pending) or
-    ``resume_child`` (a subagent).
-    """
-
-    call_id: str
-    tool: str
-    args: Any
-    action: Action
-    attempt: int
-    effect: str | None
-    reason: str
-
-
-@dataclass(slots=True)
-class _Decision:
-    approved: bool
-    round: int
-    by: str | None
-    reason: str | None
-    at: str
-
-
-@dataclass(slots=True)
-class _Call:
-    call_id: str
-    tool: str
-    args: Any
-    provider_call_id: str | None
-    index: int
-    attempt: int = 0
-    effect: str | None = None
-    key: str | None = None
-    max_attempts: int | None = None
-    started_after_decision: bool = False
-    outcome: str | None = None
-    open_round: int | None = None
-    last_round: int = -1
-    asked_at: str = ""
-    question: str | None = None
-    decision: _Decision | None = None
-    child_id: str | None = None  # set by child_waiting: the subagent run this call waits on
-    child_pending: list[dict[str, Any]] | None = None  # that child's calls waiting for a decision
-
-    def plan(self) -> tuple[Action, str]:
-        """What a resume would do with this call, from what the journal recorded."""
-        if self.open_round is not None:
-            return "wait", "waiting for a decision"
-        if self.child_id is not None:
-            return "wait", f"waiting for its subagent run {self.child_id}"
-        if self.decision is not None and not self.started_after_decision:
-            if not self.decision.approved:
-                return ("abort" if self.decision.round > 0 else "deny"), self.decision.reason or "denied"
-            return "run", f"approved by {self.decision.by or 'someone'}"
-        if self.attempt == 0:
-            return "run", "never started"
-        if self.effect == "resumable":
-            return "resume_child", "its subagent run is resumed"
-        if self.effect in _RESUMABLE_RETRY:
-            limit = self.max_attempts or 3
-            if self.attempt >= limit:
-                return "abort", f"gave up after {self.attempt} attempts, each cut off"
-            return "retry", f"cut off; {self.effect}, so it runs again (attempt {self.attempt + 1})"
-        return "abort", ABORTED_UNKNOWN
 
 
 class State:
@@ -154,14 +65,14 @@ class State:
         self._chars_since = 0  # characters added since that reply
         self._typed_output: tuple[j.RunStopped, Any] | None = None
         self._stopped_seq = -1
-        self._calls: dict[str, _Call] = {}
-        self._open: dict[str, _Call] = {}  # calls without tool_finished, in call order
+        self._calls: dict[str, CallRecord] = {}
+        self._open: dict[str, CallRecord] = {}  # calls without tool_finished, in call order
         self._reply_calls: list[str] = []  # the calls of the last reply, for ordering results
         self._results: dict[str, dict[str, Any]] = {}
         self._held: list[Message] = []  # messages added while calls were open
         self._item_ids: set[str] = set()
         self._local: list[dict[str, Any]] = []  # changes not saved yet, as inbox items
-        self._decided_locally: dict[str, _Decision] = {}
+        self._decided_locally: dict[str, DecisionRecord] = {}
         self._decided_children: set[tuple[str | None, str]] = set()
         self._saved = 0  # entries known durable
         self._batch: list[j.Entry] | None = None  # a sealed append in flight (resent as it is on retry)
@@ -255,7 +166,7 @@ class State:
         """An estimate of the next request's input tokens: the last reply's count plus 4 chars a token since."""
         return self._last_tokens + self._chars_since // 4
 
-    def call(self, call_id: str) -> _Call | None:
+    def call(self, call_id: str) -> CallRecord | None:
         """The fold's record of one call (internal use by the driver)."""
         return self._calls.get(call_id)
 
@@ -350,7 +261,7 @@ class State:
             "reason": reason,
         }
         self._local.append(self._item("decision", body))
-        self._decided_locally[call_id] = _Decision(approved, call.open_round, by, reason, j.now_iso())
+        self._decided_locally[call_id] = DecisionRecord(approved, call.open_round, by, reason, j.now_iso())
 
     def _item(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         return {"type": kind, "item_id": uuid.uuid4().hex, "seen_seq": len(self.history), **body}
@@ -491,7 +402,7 @@ class State:
             cid = block["id"]
             if cid in self._calls:
                 self._fail(e, f"call id {cid} used twice")
-            call = _Call(
+            call = CallRecord(
                 cid,
                 block.get("name", ""),
                 block.get("args"),
@@ -505,7 +416,7 @@ class State:
     def _on_model_failed(self, e: j.ModelFailed) -> None:
         self.failures_since_reply += 1
 
-    def _open_call(self, e: j.Entry, call_id: str) -> _Call:
+    def _open_call(self, e: j.Entry, call_id: str) -> CallRecord:
         call = self._open.get(call_id)
         if call is None:
             what = "a closed" if call_id in self._calls else "an unknown"
@@ -528,7 +439,7 @@ class State:
             self._fail(e, f"a decision for call {e.call_id} round {e.round}, which is not open")
         self._note_inbox(e.inbox_seq, None)
         call.open_round = None
-        call.decision = _Decision(e.approved, e.round, e.by, e.reason, e.at)
+        call.decision = DecisionRecord(e.approved, e.round, e.by, e.reason, e.at)
         call.started_after_decision = False
         self._decided_locally.pop(e.call_id, None)
 

@@ -43,7 +43,10 @@ from ._http_errors import (
     from_callback,
     is_transport_error,
 )
+from ._streams import as_dict, read_stream
 from .base import ModelReply, ModelRequest, TextCallback
+
+_SERVER = "a server speaking Anthropic's Messages API"
 
 __all__ = ["AnthropicModel", "from_name"]
 
@@ -217,26 +220,17 @@ class AnthropicModel:
         self, client: Any, body: dict[str, Any], index: int, on_text: TextCallback | None
     ) -> ModelReply:
         stream = await client.messages.create(**_sdk_arguments(body, stream=True))
-        try:
-            kind = stream.response.headers.get("content-type", "")
-            if "json" in kind:  # a server that ignored stream=true
-                return _reply_from_message(json.loads(await stream.response.aread()), index, on_text)
-            if "event-stream" not in kind:
-                raise InvalidResponseError(
-                    f"anthropic: the server answered {kind or 'without a content type'}, not a stream of "
-                    f"events. Fix: check base_url ({self.base_url or 'the default'}) points at a server "
-                    "speaking Anthropic's Messages API",
-                    provider="anthropic",
-                    status_code=stream.response.status_code,
-                )
-            reply = _StreamedReply(index, on_text)
-            async for event in stream:
-                reply.feed(_as_dict(event))
-        finally:
-            try:
-                await stream.close()
-            except Exception:  # closing a broken connection: the first error is the one to report
-                pass
+        reply = _StreamedReply(index, on_text)
+        direct = await read_stream(
+            stream,
+            provider="anthropic",
+            server=_SERVER,
+            base_url=self.base_url,
+            on_json=lambda body: _reply_from_message(body, index, on_text),
+            feed=reply.feed,
+        )
+        if direct is not None:  # a server that ignored stream=true
+            return direct
         if not reply.stopped:
             raise ConnectionFailed(
                 "anthropic: the stream ended before message_stop (cut mid-way). Fix: nothing; tether asks again",
@@ -383,17 +377,7 @@ def _to_wire(message: Message) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return value
-    to_dict = getattr(value, "to_dict", None)
-    if to_dict is None:
-        raise InvalidResponseError(
-            f"anthropic: the server's reply is not an object ({type(value).__name__}). Fix: check base_url points "
-            "at a server speaking Anthropic's Messages API",
-            provider="anthropic",
-        )
-    result: dict[str, Any] = to_dict(mode="json")
-    return result
+    return as_dict(value, "anthropic", _SERVER)
 
 
 def _usage(into: dict[str, int], usage: Any) -> None:

@@ -42,7 +42,10 @@ from ._http_errors import (
     from_callback,
     is_transport_error,
 )
+from ._streams import as_dict, read_stream
 from .base import ModelReply, ModelRequest, TextCallback
+
+_SERVER = "an OpenAI-compatible server (usually ending in /v1)"
 
 __all__ = ["OpenAIModel", "from_name"]
 
@@ -181,26 +184,17 @@ class OpenAIModel:
         self, client: Any, body: dict[str, Any], index: int, on_text: TextCallback | None
     ) -> ModelReply:
         stream = await client.chat.completions.create(**_sdk_arguments(body))
-        try:
-            kind = stream.response.headers.get("content-type", "")
-            if "json" in kind:  # a server that ignored stream=true
-                return _reply_from_completion(json.loads(await stream.response.aread()), index, on_text)
-            if "event-stream" not in kind:
-                raise InvalidResponseError(
-                    f"openai: the server answered {kind or 'without a content type'}, not a stream of events. "
-                    f"Fix: check base_url ({self.base_url or 'the default'}) points at an OpenAI-compatible "
-                    "server (usually ending in /v1)",
-                    provider="openai",
-                    status_code=stream.response.status_code,
-                )
-            reply = _StreamedReply(index, on_text)
-            async for chunk in stream:
-                reply.feed(_as_dict(chunk))
-        finally:
-            try:
-                await stream.close()
-            except Exception:  # closing a broken connection: the first error is the one to report
-                pass
+        reply = _StreamedReply(index, on_text)
+        direct = await read_stream(
+            stream,
+            provider="openai",
+            server=_SERVER,
+            base_url=self.base_url,
+            on_json=lambda body: _reply_from_completion(body, index, on_text),
+            feed=reply.feed,
+        )
+        if direct is not None:  # a server that ignored stream=true
+            return direct
         if reply.finish_reason is None:
             raise ConnectionFailed(
                 "openai: the stream ended before the reply finished (no finish_reason; cut mid-way). Fix: "
@@ -347,17 +341,7 @@ def _to_wire(message: Message) -> list[dict[str, Any]]:
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return value
-    to_dict = getattr(value, "to_dict", None)
-    if to_dict is None:
-        raise InvalidResponseError(
-            f"openai: the server's reply is not an object ({type(value).__name__}). Fix: check base_url points "
-            "at an OpenAI-compatible server",
-            provider="openai",
-        )
-    result: dict[str, Any] = to_dict(mode="json")
-    return result
+    return as_dict(value, "openai", _SERVER)
 
 
 def _usage(usage: Any) -> dict[str, int]:

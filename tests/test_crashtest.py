@@ -438,3 +438,18 @@ def test_cli_main_prints_the_report_and_exits_by_the_result(
     _, err = capsys.readouterr()
     assert err.startswith("error: failpoints ['sideways'] are not known. Fix:")
     assert cli_main(f"{AGENTS}:tiny", "go", "memory:", []) == 2
+
+
+def test_the_crashtest_command_prints_the_report_and_exits_0_without_violations(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    agents = Path(__file__).resolve().parent / "crash" / "_harness_agents.py"
+    out = subprocess.run(
+        [sys.executable, "-m", "tether.cli", "crashtest", f"{agents}:failing_tool", "go",
+         "--store", f"sqlite:///{tmp_path}/ct.db", "--points", "after_append"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "0 violations" in out.stdout
+    assert "tool_finished" in out.stdout and "completed" in out.stdout

@@ -400,3 +400,43 @@ def test_cancelling_a_parent_while_its_child_runs_cancels_the_child_first(store:
     assert finished.outcome == "aborted" and "subagent cancelled" in text(finished)
     assert kid.history[-1].at <= finished.at
     assert store.load("p1").open_calls == []
+
+
+def test_an_item_posted_to_a_finished_subagent_is_skipped_and_the_root_stops_needing_work(
+    tmp_path: Any,
+) -> None:
+    import asyncio
+
+    from tether import Owner, SQLiteStore, tool
+
+    @tool(approval=True)
+    def publish(text: str) -> str:
+        """Publish.
+
+        Args:
+            text: The text.
+        """
+        return "published"
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    child = Agent(ScriptedModel(["child done"]), name="helper", description="Helps.", store=store)
+    model = ScriptedModel([[call("helper", prompt="help"), call("publish", text="x")], "parent done"])
+    parent = Agent(model, name="boss", tools=[child, publish], store=store)
+    state = parent.run("go", id="root-o")
+    assert state.status == "waiting", "the child finished; publish waits for a person"
+    (child_info,) = store.list(parent_id="root-o")
+    assert store.load(child_info.id).status == "completed"
+    store.post(
+        child_info.id, {"type": "message", "role": "user", "content": [{"type": "text", "text": "late"}]}
+    )
+    lease = store.claim_next(Owner.here(), agents=["boss"])
+    assert lease is not None and lease.run_id == "root-o", (
+        "the child's unconsumed item makes its root need work"
+    )
+    asyncio.run(parent.adrive(store, lease))
+    skipped = [e for e in store.load(child_info.id).history if e.kind == "inbox_skipped"]
+    assert [e.reason for e in skipped] == ["the subagent call is closed"]
+    assert store.load(child_info.id).status == "completed"
+    assert store.claim_next(Owner.here(), agents=["boss"]) is None, "nothing is left to do"
+    assert store.load("root-o").status == "waiting"
+    store.close()

@@ -25,6 +25,7 @@ from ._drive_core import TERMINAL as _TERMINAL
 from ._drive_core import backoff
 from ._drive_core import text_block as _text
 from ._drive_tools import ToolSteps
+from ._subagents import skip_orphaned_items
 
 __all__ = ["Drive", "backoff"]
 
@@ -77,6 +78,13 @@ class Drive(ToolSteps):
         """Consume first, then recover (DURABILITY 1.3, DESIGN 7)."""
         await self._consume_inbox()
         state = self.state
+        # A root a worker may claim again: items posted to subagents whose call closed can do nothing.
+        if (
+            state.parent_id is None
+            and self.store.ttl is not None
+            and await self.store.run_io(skip_orphaned_items, self.store, state)
+        ):
+            self.act()  # the tree changed: the root's own entries say when it was last acted on
         if state.status in ("running", "failed") and state.resumes_since_progress >= 3:
             self.act()
             state.queue(

@@ -195,3 +195,41 @@ def cancel_tree(store: Store, run_id: str, by: str | None = None, by_parent: boo
                     cancel_tree(store, child_id, by, by_parent=True)
     store.post(run_id, {"type": "cancel", "by": by, "seen_seq": len(state.history)})
     return store.settle(run_id, by_parent=by_parent)
+
+
+def skip_orphaned_items(store: Store, root: State) -> int:
+    """Journal as skipped the inbox items of subagent runs whose call in their parent has closed.
+
+    Such items can have no effect (no one will drive that child again), and left unconsumed they would make
+    ``claim_next`` offer the tree's root for ever. Returns how many runs were settled this way.
+    """
+    from .inbox import skip_all
+
+    settled = 0
+    for info in store.list(root_id=root.id, limit=10_000):
+        if info.parent_id is None or info.inbox_len <= info.inbox_consumed + 1:
+            continue
+        parent = root if info.parent_id == root.id else store.load(info.parent_id)
+        child = store.load(info.id)
+        record = parent.call(child.parent_call_id or "")
+        if record is not None and record.outcome is None:
+            continue  # the call is open: the parent's driver re-enters it and the child consumes them
+        try:
+            lease = store.claim(info.id, Owner.here(), store.ttl)
+        except RunBusyError:
+            continue
+        try:
+            child = store.load(info.id)
+            child.writer = lease.owner.writer
+            while True:
+                skip_all(
+                    child, store.read_inbox(info.id, child.inbox_consumed), "the subagent call is closed"
+                )
+                store.append_state(child, lease)
+                if store.release(lease, at_seq=len(child.history), inbox_len=child.inbox_consumed + 1):
+                    break
+        except BaseException:
+            store.abandon(lease)
+            raise
+        settled += 1
+    return settled

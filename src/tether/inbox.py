@@ -12,7 +12,7 @@ from typing import Any, Literal
 from . import journal as j
 from .state import State
 
-__all__ = ["InboxItem", "ItemType", "consume", "make_item"]
+__all__ = ["InboxItem", "ItemType", "consume", "make_item", "skip_all"]
 
 ItemType = Literal["decision", "message", "cancel"]
 
@@ -88,6 +88,12 @@ def make_item(item: dict[str, Any], *, inbox_seq: int, item_id: str | None) -> I
         run_h=item.get("run_h"),
         at=str(item.get("at") or j.now_iso()),
     )
+
+
+def skip_all(state: State, items: list[InboxItem], reason: str) -> list[j.Entry]:
+    """Journal every item not consumed yet as ``inbox_skipped`` with ``reason`` (items that can have no
+    effect, such as those posted to a subagent run whose call has closed)."""
+    return [_skip(state, item, reason) for item in items if item.inbox_seq > state.inbox_consumed]
 
 
 def consume(state: State, items: list[InboxItem]) -> list[j.Entry]:

@@ -82,7 +82,7 @@ class Drive(ToolSteps):
         if (
             state.parent_id is None
             and self.store.ttl is not None
-            and await self.store.run_io(skip_orphaned_items, self.store, state)
+            and await self.store.run_io(skip_orphaned_items, self.store, state) > 0
         ):
             self.act()  # the tree changed: the root's own entries say when it was last acted on
         if state.status in ("running", "failed") and state.resumes_since_progress >= 3:

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).with_name("crash")))
 from _chaos_agents import fresh_schema
 
 import tether.testing
+from _store_runs import _append, _batch, _first, _info, _make
 from tether import journal as j
 from tether.errors import (
     ConflictError,
@@ -33,7 +34,7 @@ from tether.errors import (
     RunNotFoundError,
     TetherError,
 )
-from tether.stores.base import Lease, Owner
+from tether.stores.base import Owner
 
 if os.environ.get("TETHER_REQUIRE_POSTGRES") != "1":
     pytest.importorskip("psycopg", reason="psycopg is not installed. Fix: pip install 'tether[postgres]'")
@@ -71,65 +72,6 @@ def _sql(dsn: str, sql: str, params: Any = ()) -> list[Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         cur = conn.execute(sql, params)
         return cur.fetchall() if cur.description else []
-
-
-def _info(run_id: str, **fields: Any) -> dict[str, Any]:
-    info = {
-        "agent": "a", "status": "running", "turn": 0, "created_at": j.now_iso(), "updated_at": j.now_iso(),
-        "first_message": "hi", "parent_id": None, "root_id": run_id, "inbox_consumed": -1,
-    }  # fmt: skip
-    info.update(fields)
-    return info
-
-
-def _first(
-    run_id: str, writer: str, parent_id: str | None = None, root_id: str | None = None
-) -> list[j.Entry]:
-    at = j.now_iso()
-    return j.seal(
-        [
-            j.RunStarted(seq=0, at=at, agent="a", parent_id=parent_id, root_id=root_id or run_id),
-            j.MessageAdded(seq=1, at=at, content=[{"type": "text", "text": "hi"}]),
-        ],
-        writer,
-    )
-
-
-def _batch(start: int, count: int, writer: str, text: str = "x") -> list[j.Entry]:
-    at = j.now_iso()
-    return j.seal(
-        [
-            j.MessageAdded(seq=start + i, at=at, content=[{"type": "text", "text": text}])
-            for i in range(count)
-        ],
-        writer,
-    )
-
-
-def _make(
-    store: PostgresStore, run_id: str, *, held: bool = False, ttl: float | None = None, **info: Any
-) -> tuple[str, Lease | None]:
-    writer = j.new_writer_id()
-    parent, root = info.get("parent_id"), info.get("root_id")
-    lease = store.create(
-        run_id,
-        _first(run_id, writer, parent, root),
-        _info(run_id, **info),
-        owner=Owner.here(writer) if held else None,
-        ttl=ttl,
-    )
-    return writer, lease
-
-
-def _append(store: PostgresStore, run_id: str, lease: Lease, entries: list[j.Entry], **info: Any) -> None:
-    store.append(
-        run_id,
-        entries,
-        expected_seq=entries[0].seq,
-        writer=entries[0].w,
-        lease_token=lease.token,
-        info=_info(run_id, **info),
-    )
 
 
 def _age(dsn: str, run_id: str, seconds: float) -> None:

@@ -81,6 +81,7 @@ class Drive(ToolSteps):
         # A root a worker may claim again: items posted to subagents whose call closed can do nothing.
         if (
             state.parent_id is None
+            and state.subagent_calls
             and self.store.ttl is not None
             and await self.store.run_io(skip_orphaned_items, self.store, state) > 0
         ):

@@ -54,6 +54,7 @@ class State:
         self.requests = 0  # model_replied + model_failed + compacted: the next request's index
         self.inbox_consumed = -1
         self.resumes_since_progress = 0
+        self.subagent_calls = 0  # entries into subagent calls: a run without any has no child runs
         self.failures_since_reply = 0
         self.created_at: str | None = None
         self.updated_at: str | None = None
@@ -452,6 +453,8 @@ class State:
         call.key = e.idempotency_key
         call.max_attempts = e.max_attempts
         call.started_after_decision = True
+        if e.effect == "resumable":
+            self.subagent_calls += 1
         call.child_id = None  # a re-entered subagent call runs again
         call.child_pending = None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ from ._events import EntryEvent, Event
 from ._renewal import Renewer
 from ._subagents import cancel_tree, child_id_for, child_needs_work
 from .inbox import InboxItem, consume
-from .output import OutputSpec, output_spec
+from .output import OutputSpec, imported_type, output_spec
 from .state import State
 from .stores.base import Lease, Store
 
@@ -217,10 +216,7 @@ def _journaled_output(state: State) -> OutputSpec | None:
     """
     if state.output_type is None:
         return None
-    module_name, _, qualname = state.output_type.partition(":")
-    target: Any = sys.modules.get(module_name)
-    for part in qualname.split("."):
-        target = getattr(target, part, None) if target is not None else None
+    target = imported_type(state.output_type)
     if target is None:
         raise ValueError(
             f"run {state.id} was started with output_type {state.output_type}, which is not imported here. "

@@ -15,7 +15,14 @@ from typing import Any
 
 from .errors import TetherError
 
-__all__ = ["OUTPUT_TOOL", "OutputSpec", "OutputValidationError", "output_spec", "typed_output"]
+__all__ = [
+    "OUTPUT_TOOL",
+    "OutputSpec",
+    "OutputValidationError",
+    "imported_type",
+    "output_spec",
+    "typed_output",
+]
 
 OUTPUT_TOOL = "final_result"
 
@@ -92,22 +99,27 @@ def output_spec(output_type: Any) -> OutputSpec:
     return OutputSpec(output_type, adapter, wrapped, tool_schema, type_path)
 
 
-def typed_output(type_path: str | None, value: Any) -> Any:
-    """The journaled output as its type, when that type's module is already imported; else as JSON.
+def imported_type(type_path: str) -> Any:
+    """The type ``module:qualname`` names, when its module is already imported; else None.
 
     Nothing is imported because a journal names it: a journal is data, never code to load.
     """
+    module_name, _, qualname = type_path.partition(":")
+    target: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        if target is None:
+            return None
+        target = getattr(target, part, None)
+    return target
+
+
+def typed_output(type_path: str | None, value: Any) -> Any:
+    """The journaled output as its type, when that type's module is already imported; else as JSON."""
     if type_path is None or value is None:
         return value
-    module_name, _, qualname = type_path.partition(":")
-    module = sys.modules.get(module_name)
-    if module is None:
+    target = imported_type(type_path)
+    if target is None:
         return value
-    target: Any = module
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            return value
     try:
         return output_spec(target).adapter.validate_python(value)
     except Exception:  # a changed type: the JSON is still the answer

@@ -18,11 +18,11 @@ from ._records import STOPPED, RunInfo
 __all__ = [
     "check_batch",
     "check_prune_statuses",
-    "child_needs_work",
     "delete_children_error",
     "delete_subagent_error",
     "fork_boundary",
     "inherited",
+    "listed_child_needs_work",
     "plan_claim_next",
     "plan_delete",
     "plan_prune",
@@ -55,7 +55,7 @@ def _tree_children(infos: Iterable[RunInfo]) -> dict[str, list[RunInfo]]:
     return out
 
 
-def child_needs_work(root: RunInfo, child: RunInfo) -> bool:
+def listed_child_needs_work(root: RunInfo, child: RunInfo) -> bool:
     """Whether a free child makes its ``waiting`` root need work (see ``Store.claim_next``)."""
     if child.lease_owner is not None:
         return False
@@ -80,7 +80,8 @@ def plan_claim_next(infos: Iterable[RunInfo], agents: Collection[str] | None) ->
             root.status == "running"
             or root.unconsumed
             or (
-                root.status == "waiting" and any(child_needs_work(root, c) for c in children.get(root.id, ()))
+                root.status == "waiting"
+                and any(listed_child_needs_work(root, c) for c in children.get(root.id, ()))
             )
         ):
             found.append(root)

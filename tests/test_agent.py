@@ -166,6 +166,21 @@ def test_parallel_sync_calls_run_concurrently(store: Any) -> None:
     }
 
 
+def test_a_sync_tool_runs_only_once_its_tool_started_is_in_the_store(store: Any) -> None:
+    seen: list[list[str]] = []
+
+    @tool(effect="unsafe")
+    def act(ctx: ToolContext) -> str:
+        """Act once."""
+        stored = store.read(ctx.run_id)  # what the store holds, not what the driver has queued
+        seen.append([e.kind for e in stored if getattr(e, "call_id", None) == ctx.call_id])
+        return "acted"
+
+    state = Agent(ScriptedModel([call("act"), call("act"), "done"]), tools=[act], store=store).run("go")
+    assert seen == [["tool_started"], ["tool_started"]]
+    assert [(r.outcome, text(r)) for r in finished(state).values()] == [("done", "acted"), ("done", "acted")]
+
+
 def test_parallel_async_calls_run_concurrently(store: Any) -> None:
     arrived: list[str] = []
 

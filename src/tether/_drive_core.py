@@ -18,6 +18,7 @@ from . import journal as j
 from ._events import EntryEvent, Event
 from ._renewal import Renewer
 from ._subagents import cancel_tree, child_id_for, child_needs_work
+from ._tool_runner import submit_tool_job
 from .inbox import InboxItem, consume
 from .output import OutputSpec, imported_type, output_spec
 from .state import State
@@ -77,6 +78,10 @@ class DriveCore:
         self.output_failures = 0
         self.cancelling: set[str] = set()  # subagent calls whose child is being cancelled
         self.waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
+        # Sync tool jobs keyed by the seq of their tool_started: the store's thread starts each right after
+        # the append that makes that entry durable. ``prestarted`` holds their futures until _invoke awaits.
+        self.after_append: dict[int, Callable[[], None]] = {}
+        self.prestarted: dict[str, asyncio.Future[Any]] = {}
 
     # ----------------------------------------------------------------------------------------------
     # Writing
@@ -95,8 +100,10 @@ class DriveCore:
         async with self.flush_lock:
             while self.state.unsaved:
                 batch = self.state.next_batch()
-                loop = asyncio.get_running_loop()
-                future = loop.run_in_executor(self.store.executor, self._append, batch, self.state.info())
+                jobs = {}
+                if self.after_append:
+                    jobs = {e.seq: self.after_append.pop(e.seq) for e in batch if e.seq in self.after_append}
+                future = self.store.io_threads.run(self._append, batch, self.state.info(), jobs)
                 cancelled = False
                 while True:
                     try:
@@ -109,6 +116,7 @@ class DriveCore:
                     except Exception:
                         break  # the append failed: settled below
                 if future.cancelled() or future.exception() is not None:
+                    self.after_append.update(jobs)  # a retry of the same seqs starts them
                     error = future.exception() if not future.cancelled() else asyncio.CancelledError()
                     assert error is not None
                     if cancelled:
@@ -124,8 +132,8 @@ class DriveCore:
                 if cancelled:
                     raise asyncio.CancelledError()
 
-    def _append(self, batch: list[j.Entry], info: dict[str, Any]) -> int:
-        """Append a batch, then read the inbox's length in the same trip to the store's thread."""
+    def _append(self, batch: list[j.Entry], info: dict[str, Any], jobs: dict[int, Callable[[], None]]) -> int:
+        """Append a batch, start the sync tools it made durable, and read the inbox's length, on one trip."""
         self.store.append(
             self.state.id,
             batch,
@@ -134,6 +142,9 @@ class DriveCore:
             lease_token=self.lease.token,
             info=info,
         )
+        if not self.stopping:  # a stopping drive starts no tool (its calls are settled by _close_after)
+            for job in jobs.values():
+                submit_tool_job(job)
         return self.store.inbox_length(self.state.id)
 
     # ----------------------------------------------------------------------------------------------

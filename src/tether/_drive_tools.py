@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from . import budgets
 from . import journal as j
 from ._subagents import ChildBusy, drive_child
-from ._tool_runner import call_tool
+from ._tool_runner import call_tool, sync_tool_job, tool_result
 from .humans import ApprovalQuestion
 from .inbox import close_denied
 from .tools import ToolContext, ToolInputError, result_to_blocks
@@ -84,7 +84,7 @@ class ToolSteps(ModelSteps):
     async def _run_calls(self, call_ids: list[str]) -> None:
         """Start the calls (one append with whatever is queued), run them together, poll the inbox."""
         for call_id in call_ids:
-            self._start(call_id)
+            self._start_on_save(call_id, self._start(call_id))
         await self.flush()
         for call_id in call_ids:
             self._launch(call_id)
@@ -111,7 +111,7 @@ class ToolSteps(ModelSteps):
                     if c.action == "run" and c.call_id not in self.tasks
                 ]
                 for call_id in started:
-                    self._start(call_id)
+                    self._start_on_save(call_id, self._start(call_id))
                 await self.flush()
                 for call_id in started:
                     self._launch(call_id)
@@ -122,8 +122,12 @@ class ToolSteps(ModelSteps):
     def _can_start(self) -> bool:
         return not self.stopping and (self.renewer is None or self.renewer.fresh())
 
-    def _start(self, call_id: str) -> None:
-        """Queue ``tool_started`` for a call about to run (retries keep the journaled effect and key)."""
+    def _start(self, call_id: str) -> int:
+        """Queue ``tool_started`` for a call about to run (retries keep the journaled effect and key).
+
+        Returns:
+            The seq of that ``tool_started``.
+        """
         if not self._can_start():
             raise asyncio.CancelledError()
         state = self.state
@@ -136,7 +140,7 @@ class ToolSteps(ModelSteps):
             effect, key, limit = record.effect, record.key, record.max_attempts or tool.max_attempts
         else:
             effect, key, limit = tool.effect, j.idempotency_key_for(state.id, call_id), tool.max_attempts
-        state.queue(
+        return state.queue(
             j.ToolStarted,
             call_id=call_id,
             tool=tool.name,
@@ -144,7 +148,27 @@ class ToolSteps(ModelSteps):
             idempotency_key=key,
             attempt=record.attempt + 1,
             max_attempts=limit,
-        )
+        ).seq
+
+    def _start_on_save(self, call_id: str, seq: int) -> None:
+        """Have a sync tool start on its thread from the store's thread once ``tool_started`` (``seq``) is saved.
+
+        The call then does not wait for the event loop to wake between its start being durable and its
+        invocation. Async tools, subagents and invalid arguments are left to ``_invoke``.
+        """
+        record = self.state.call(call_id)
+        assert record is not None
+        tool = self.agent.tool(record.tool)
+        if tool is None or tool.is_async or record.tool in self.agent.subagents:
+            return
+        try:
+            kwargs = tool.validate(record.args if record.args is not None else {})
+        except ToolInputError:
+            return
+        ctx = ToolContext(self.state.id, call_id, record.attempt, record.key or "", tool.name)
+        job, future = sync_tool_job(tool, kwargs, ctx)
+        self.after_append[seq] = job
+        self.prestarted[call_id] = future
 
     def _launch(self, call_id: str) -> None:
         self.tasks[call_id] = asyncio.ensure_future(self._invoke(call_id))
@@ -158,9 +182,14 @@ class ToolSteps(ModelSteps):
         assert tool is not None
         usage: dict[str, int] | None = None
         sub = self.agent.subagents.get(record.tool)
+        started = self.prestarted.pop(call_id, None)
         while True:
-            ctx = ToolContext(state.id, call_id, record.attempt, record.key or "", tool.name)
             try:
+                if started is not None:  # on its thread since its tool_started was saved
+                    pending, started = started, None
+                    outcome, content = "done", result_to_blocks(await tool_result(tool, pending))
+                    break
+                ctx = ToolContext(state.id, call_id, record.attempt, record.key or "", tool.name)
                 kwargs = tool.validate(record.args if record.args is not None else {})
                 if sub is not None:
                     child = await self._drive_child(call_id, kwargs["prompt"], sub)

@@ -216,8 +216,8 @@ class Drive(ToolSteps):
         self.stopping = True
         for task in self.tasks.values():
             task.cancel()
-        in_flight = list(self.tasks)
-        self.tasks = {}
+        in_flight = list(self.tasks) + list(self.prestarted)  # prestarted: on a thread, never awaited
+        self.tasks, self.prestarted = {}, {}
         state = self.state
         if self.save_failed is not None:
             await self._give_up()  # the store refused this append; a retry here would fail the same way

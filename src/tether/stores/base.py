@@ -17,13 +17,12 @@ import abc
 import asyncio
 import builtins
 import gc
-import threading
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from .. import journal as j
+from .._threads import Threads
 from ..errors import ConflictError, RunBusyError, RunNotFoundError
 from ..inbox import InboxItem, consume
 from ..state import State
@@ -67,6 +66,9 @@ __all__ = [
 P = ParamSpec("P")
 T = TypeVar("T")
 
+IO_THREADS = 4
+"""Threads each store runs its I/O on; more calls at once wait for the first free one."""
+
 
 class Store(abc.ABC):
     """Where runs live: each run's journal, inbox and holder. Subclass it, implement the primitives, and
@@ -99,8 +101,7 @@ class Store(abc.ABC):
     """Lease length for claims, in seconds; None for a store whose lease is a lock the OS drops."""
 
     def __init__(self) -> None:
-        self._executor: ThreadPoolExecutor | None = None
-        self._executor_lock = threading.Lock()
+        self.io_threads = Threads("tether-store", limit=IO_THREADS)
 
     # --------------------------------------------------------------------------------------------
     # Primitives
@@ -338,18 +339,11 @@ class Store(abc.ABC):
     def __hash__(self) -> int:
         return hash(self.identity)
 
-    @property
-    def executor(self) -> ThreadPoolExecutor:
-        """The store's own executor: store I/O never runs on the default one."""
-        with self._executor_lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tether-store")
-            return self._executor
-
     async def run_io(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a sync primitive on the store's executor."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        """Run a sync primitive on the store's own threads (``io_threads``), never the default executor."""
+        if kwargs:
+            return await self.io_threads.run(lambda: fn(*args, **kwargs))
+        return await self.io_threads.run(fn, *args)
 
     def load(self, run_id: str) -> State:
         """The run as its journal says: pure replay; never writes, never recovers."""
@@ -616,7 +610,5 @@ class Store(abc.ABC):
         )
 
     def close(self) -> None:
-        """Release resources (the executor, connections)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+        """Release resources (the I/O threads, connections)."""
+        self.io_threads.shutdown()

@@ -1,0 +1,126 @@
+"""Daemon threads that run blocking work for an event loop: the store's I/O and sync tools (DESIGN 5.3).
+
+``Threads`` keeps idle threads and reuses them, so a step does not pay for a new thread, and hands each
+job over with one queue put; the result comes back with one ``call_soon_threadsafe``. That is about half
+the cost of ``loop.run_in_executor`` per trip, which matters because a turn makes several.
+
+Without a ``limit`` every job gets a thread of its own at once (an idle one or a new one): a slow job
+never delays another. With a ``limit``, jobs beyond it wait for the first thread that frees up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["Threads"]
+
+log = logging.getLogger("tether")
+
+T = TypeVar("T")
+
+_IDLE_SECONDS = 30.0
+
+
+class Threads:
+    """A pool of daemon threads named ``name``; idle ones retire after 30 s."""
+
+    def __init__(self, name: str, limit: int | None = None) -> None:
+        self.name = name
+        self.limit = limit
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._count = 0  # threads alive
+        self._idle = 0  # threads waiting for a job no one has been promised
+        self._backlog = 0  # jobs queued with no thread promised to them (only with a limit)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on a thread of the pool; it must not raise."""
+        start = False
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            elif self.limit is None or self._count < self.limit:
+                self._count += 1
+                start = True
+            else:
+                self._backlog += 1
+        self._jobs.put(job)
+        if start:
+            threading.Thread(target=self._work, name=self.name, daemon=True).start()
+
+    def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Call ``fn(*args)`` on a thread; the returned future (of the running loop) settles with it.
+
+        A result that comes back after the loop closed is dropped and logged.
+        """
+        job, future = self.job(fn, *args)
+        self.submit(job)
+        return future
+
+    def job(self, fn: Callable[..., T], *args: Any) -> tuple[Callable[[], None], asyncio.Future[T]]:
+        """``run`` in two steps: the job to ``submit`` later (from any thread) and the future it settles.
+
+        Call it on the event loop's thread. A job never submitted leaves its future pending.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def job() -> None:
+            try:
+                value = fn(*args)
+            except BaseException as exc:  # delivered to the awaiting task
+                outcome: tuple[Any, BaseException | None] = (None, exc)
+            else:
+                outcome = (value, None)
+            try:
+                loop.call_soon_threadsafe(_settle, future, *outcome)
+            except RuntimeError:  # the loop is closed: no one waits for this result any more
+                log.info(
+                    "%s finished after its event loop closed; result dropped", getattr(fn, "__name__", fn)
+                )
+
+        return job, future
+
+    def shutdown(self) -> None:
+        """Stop the idle threads; busy ones finish their job and retire once idle."""
+        with self._lock:
+            stopping, self._idle = self._idle, 0
+            self._count -= stopping
+        for _ in range(stopping):
+            self._jobs.put(None)
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle:  # retire; otherwise a job was just promised to a waiting thread
+                        self._idle -= 1
+                        self._count -= 1
+                        return
+                continue
+            if job is None:
+                return
+            job()
+            with self._lock:
+                if self._backlog:
+                    self._backlog -= 1  # this thread takes a queued job next
+                else:
+                    self._idle += 1
+
+
+def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+    if future.done():  # cancelled meanwhile (a timeout, an interrupt): the caller no longer waits
+        if exc is None:
+            log.info("a result arrived after its caller stopped waiting; dropped")
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(value)

@@ -133,7 +133,12 @@ class DriveCore:
                     raise asyncio.CancelledError()
 
     def _append(self, batch: list[j.Entry], info: dict[str, Any], jobs: dict[int, Callable[[], None]]) -> int:
-        """Append a batch, start the sync tools it made durable, and read the inbox's length, on one trip."""
+        """Read the inbox's length, append a batch, and start the sync tools it made durable, on one trip.
+
+        The length is read before the append (DURABILITY 2.3), so that after the sync this thread only hands
+        the tools over and reports back.
+        """
+        length = self.store.inbox_length(self.state.id)
         self.store.append(
             self.state.id,
             batch,
@@ -145,7 +150,7 @@ class DriveCore:
         if not self.stopping:  # a stopping drive starts no tool (its calls are settled by _close_after)
             for job in jobs.values():
                 submit_tool_job(job)
-        return self.store.inbox_length(self.state.id)
+        return length
 
     # ----------------------------------------------------------------------------------------------
     # The inbox

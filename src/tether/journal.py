@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import operator
 import os
 import re
 import secrets
@@ -82,7 +83,7 @@ def new_writer_id() -> str:
 
 def now_iso() -> str:
     """The current UTC time as ISO 8601 with microseconds and a ``Z``."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" -> "Z"
 
 
 def call_id_for(reply_seq: int, index: int) -> str:
@@ -341,11 +342,16 @@ _FIELD_SETS: dict[type[Entry], frozenset[str]] = {cls: frozenset(names) for cls,
 # Codec
 
 
+_VALUES: dict[type[Entry], Callable[[Entry], tuple[Any, ...]]] = {
+    cls: operator.attrgetter(*names) for cls, names in _FIELDS.items()
+}
+
+
 def entry_to_dict(entry: Entry) -> dict[str, Any]:
     """The JSON object of ``entry``: ``kind`` first, fields whose value is None left out."""
+    cls = type(entry)
     out: dict[str, Any] = {"kind": entry.kind}
-    for name in _FIELDS[type(entry)]:
-        value = getattr(entry, name)
+    for name, value in zip(_FIELDS[cls], _VALUES[cls](entry), strict=True):
         if value is not None:
             out[name] = value
     return out
@@ -366,7 +372,9 @@ def seal(entries: Sequence[Entry], writer: str) -> list[Entry]:
         body.pop("w", None)
         body.pop("h", None)
         digest = hashlib.blake2b(orjson.dumps(body, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
-        sealed.append(dataclasses.replace(entry, w=writer, b=last - j, h=digest))
+        del body["kind"]
+        # Made from its JSON object, as a load makes it: a field left out (None) takes its default.
+        sealed.append(type(entry)(**body, w=writer, h=digest))
     return sealed
 
 

@@ -4,7 +4,14 @@ Each turn is one model reply with one tool call and its result. For 100, 1,000 a
 time per turn, syncs per turn (counted by wrapping os.fsync / os.fdatasync), bytes per turn, load time and
 peak memory of a load. The baseline does the same syncs with the same call, flags, bytes and folder as the
 store: per turn, ``syncs`` appends of the store's average append size to a file in the same folder, each
-followed by the same sync call. The ratio is tether's time per turn over the baseline's.
+followed by the same sync call. It runs just before and just after each measured tether run (its shape
+taken from an unmeasured warm-up run) and their mean is used, so drift in the disk's speed hits both sides
+alike. The ratio is tether's time per turn over the baseline's.
+
+The floor makes the baseline's syncs the way DESIGN 5.3 has an asyncio driver make them, with no other
+work: each append handed from the event loop to a thread and back, and the sync tool's call on a thread
+of its own. floor/base is what those thread handoffs alone cost on this machine; tether/floor is what
+tether adds beyond them.
 
     python bench/turns.py                 # 100, 1000, 10000 turns in ./.bench (on disk, not tmpfs)
     python bench/turns.py --turns 100,1000 --dir /some/disk/folder
@@ -13,14 +20,18 @@ followed by the same sync call. The ratio is tether's time per turn over the bas
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import queue
 import shutil
 import statistics
 import sys
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tether import Agent, FileStore, tool
 from tether.testing import ScriptedModel, call
@@ -132,6 +143,59 @@ def sync_cost(folder: Path, sync_call: str) -> float:
     return statistics.median(times)
 
 
+def floor(folder: Path, turns: int, syncs_per_turn: float, append_bytes: int, sync_call: str) -> float:
+    """Seconds per turn for the baseline's syncs made off the event loop, plus one tool call on a thread."""
+    path = folder / "floor.bin"
+    sync = SYNC_CALLS[sync_call]
+    payload = b"x" * (append_bytes - 1) + b"\n"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    syncs = round(syncs_per_turn * turns)
+
+    def append() -> None:
+        os.write(fd, payload)
+        sync(fd)
+
+    def tool() -> None:
+        pass
+
+    async def drive() -> float:
+        loop = asyncio.get_running_loop()
+        store_jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        tool_jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        def work(jobs: queue.SimpleQueue[Any]) -> None:
+            while (job := jobs.get()) is not None:
+                future, fn = job
+                fn()
+                loop.call_soon_threadsafe(future.set_result, None)
+
+        for jobs in (store_jobs, tool_jobs):
+            threading.Thread(target=work, args=(jobs,), daemon=True).start()
+
+        async def on(jobs: queue.SimpleQueue[Any], fn: Callable[[], None]) -> None:
+            future = loop.create_future()
+            jobs.put((future, fn))
+            await future
+
+        start = time.perf_counter()
+        for _ in range(turns):
+            await on(store_jobs, append)  # the reply and the call's start
+            await on(tool_jobs, tool)
+            await on(store_jobs, append)  # the call's result
+        for _ in range(syncs - 2 * turns):
+            await on(store_jobs, append)
+        elapsed = time.perf_counter() - start
+        store_jobs.put(None)
+        tool_jobs.put(None)
+        return elapsed / turns
+
+    try:
+        return asyncio.run(drive())
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
 def _median(samples: list[dict[str, float]], key: str) -> float:
     values = [sample[key] for sample in samples]
     if isinstance(values[0], str):
@@ -154,39 +218,47 @@ def main() -> int:
         for turns in (int(t) for t in args.turns.split(",")):
             reps = max(1, min(5, 2000 // turns))  # short runs are repeated: fsync latency is noisy
             samples = []
+            warm = root / f"t{turns}-warm-up"
+            warm.mkdir()
+            shape = run_turns(warm, turns)  # the syncs and bytes the baselines copy
+            shutil.rmtree(warm)
+            like = (shape["syncs_per_turn"], int(shape["append_bytes"]), str(shape["sync_call"]))
             for rep in range(reps):
                 folder = root / f"t{turns}-{rep}"
                 folder.mkdir()
+                before = baseline(folder, turns, *like)
                 row = run_turns(folder, turns)
-                row["baseline"] = baseline(
-                    folder, turns, row["syncs_per_turn"], int(row["append_bytes"]), str(row["sync_call"])
-                )
+                row["baseline"] = (before + baseline(folder, turns, *like)) / 2
+                row["floor"] = floor(folder, turns, *like)
                 row["sync_cost"] = sync_cost(folder, str(row["sync_call"]))
+                row["ratio"] = row["per_turn"] / row["baseline"]
+                row["floor_ratio"] = row["floor"] / row["baseline"]
+                row["over_floor"] = row["per_turn"] / row["floor"]
                 samples.append(row)
                 shutil.rmtree(folder)
             rows.append({key: _median(samples, key) for key in samples[0]})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"python {sys.version.split()[0]}, folder {root} ({rows[0]['sync_call']} per append)")
-    header = "turns  ms/turn  base ms/turn  ratio   syncs/turn  bytes/turn  load s   load peak MB"
-    print(header)
-    first_ratio = None
+    print(
+        "turns  ms/turn  base ms/turn  ratio  floor ms/turn  floor/base  tether/floor  syncs/turn  bytes/turn"
+        "  load s  load peak MB"
+    )
     for row in rows:
-        if row["sync_cost"] < 20e-6:
-            ratio_text = "UNMEASURABLE"
-        else:
-            ratio = row["per_turn"] / row["baseline"]
-            first_ratio = first_ratio or ratio
-            ratio_text = f"{ratio:5.2f}x"
+        measurable = row["sync_cost"] >= 20e-6
+        ratio = f"{row['ratio']:5.2f}x" if measurable else "UNMEASURABLE"
+        floor_ratio = f"{row['floor_ratio']:9.2f}x" if measurable else "UNMEASURABLE"
         print(
-            f"{int(row['turns']):>5}  {row['per_turn'] * 1e3:7.3f}  {row['baseline'] * 1e3:12.3f}  {ratio_text:>6}"
+            f"{int(row['turns']):>5}  {row['per_turn'] * 1e3:7.3f}  {row['baseline'] * 1e3:12.3f}  {ratio:>6}"
+            f"  {row['floor'] * 1e3:13.3f}  {floor_ratio:>10}  {row['over_floor']:11.2f}x"
             f"  {row['syncs_per_turn']:10.2f}  {row['bytes_per_turn']:10.0f}  {row['load']:6.3f}"
             f"  {row['load_peak_mb']:12.1f}"
         )
-    if first_ratio is not None and len(rows) > 1 and rows[-1]["sync_cost"] >= 20e-6:
-        last = rows[-1]["per_turn"] / rows[-1]["baseline"]
+    print(f"median fdatasync of a small append here: {rows[0]['sync_cost'] * 1e6:.0f} us")
+    if len(rows) > 1 and all(row["sync_cost"] >= 20e-6 for row in rows):
         print(
-            f"ratio at {rows[-1]['turns']} turns / ratio at {rows[0]['turns']} turns: {last / first_ratio:.2f}"
+            f"ratio at {int(rows[-1]['turns'])} turns / ratio at {int(rows[0]['turns'])} turns: "
+            f"{rows[-1]['ratio'] / rows[0]['ratio']:.2f}"
         )
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -179,6 +180,37 @@ def test_a_sync_tool_runs_only_once_its_tool_started_is_in_the_store(store: Any)
     state = Agent(ScriptedModel([call("act"), call("act"), "done"]), tools=[act], store=store).run("go")
     assert seen == [["tool_started"], ["tool_started"]]
     assert [(r.outcome, text(r)) for r in finished(state).values()] == [("done", "acted"), ("done", "acted")]
+
+
+def test_an_interrupt_arriving_as_a_sync_tool_starts_stops_the_run(store: Any) -> None:
+    drive: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
+
+    @tool(effect="unsafe")
+    def act() -> str:
+        """Act, and be interrupted (Ctrl+C) the moment it starts."""
+        loop, task = drive[0]
+        loop.call_soon_threadsafe(task.cancel)
+        time.sleep(0.2)
+        return "acted"
+
+    agent = Agent(ScriptedModel([call("act"), "done"]), tools=[act], store=store, poll_interval=0.05)
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        drive.append((asyncio.get_running_loop(), task))
+        await agent.arun("go", id="r")
+
+    for _ in range(5):  # the interrupt lands before or after the start's append is reported: never lost
+        drive.clear()
+        if store.exists("r"):
+            store.delete("r")
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(main())
+        state = store.load("r")
+        assert kinds(state)[-1] == "run_released" and state.status == "running"
+        (result,) = finished(state).values()
+        assert result.outcome == "aborted" and "may or may not" in text(result)
 
 
 def test_parallel_async_calls_run_concurrently(store: Any) -> None:

@@ -110,9 +110,9 @@ class DriveCore:
                         await asyncio.shield(future)
                         break
                     except asyncio.CancelledError:
+                        cancelled = True  # raised once the append is settled, even one that just finished
                         if future.done():
                             break
-                        cancelled = True
                     except Exception:
                         break  # the append failed: settled below
                 if future.cancelled() or future.exception() is not None:
@@ -135,8 +135,8 @@ class DriveCore:
     def _append(self, batch: list[j.Entry], info: dict[str, Any], jobs: dict[int, Callable[[], None]]) -> int:
         """Read the inbox's length, append a batch, and start the sync tools it made durable, on one trip.
 
-        The length is read before the append (DURABILITY 2.3), so that after the sync this thread only hands
-        the tools over and reports back.
+        The length is read before the append (DURABILITY 2.3). One started tool runs on this very thread
+        once the append is reported (outside the store's thread limit), the others each on a tool thread.
         """
         length = self.store.inbox_length(self.state.id)
         self.store.append(
@@ -147,9 +147,11 @@ class DriveCore:
             lease_token=self.lease.token,
             info=info,
         )
-        if not self.stopping:  # a stopping drive starts no tool (its calls are settled by _close_after)
-            for job in jobs.values():
+        if jobs and not self.stopping:  # a stopping drive starts no tool (_close_after settles its calls)
+            first, *others = jobs.values()
+            for job in others:
                 submit_tool_job(job)
+            self.store.io_threads.then(first, submit_tool_job)  # this thread, once the append is reported
         return length
 
     # ----------------------------------------------------------------------------------------------

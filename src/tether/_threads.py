@@ -6,6 +6,10 @@ the cost of ``loop.run_in_executor`` per trip, which matters because a turn make
 
 Without a ``limit`` every job gets a thread of its own at once (an idle one or a new one): a slow job
 never delays another. With a ``limit``, jobs beyond it wait for the first thread that frees up.
+
+A job may hand its thread on (``then``): after the job reports back, the same thread runs one more
+callable outside the pool, not counted in its limit, so the work that follows needs no other thread to
+wake up (the store's thread starts a sync tool right after the append that made its start durable).
 """
 
 from __future__ import annotations
@@ -37,11 +41,14 @@ class Threads:
         self._count = 0  # threads alive
         self._idle = 0  # threads waiting for a job no one has been promised
         self._backlog = 0  # jobs queued with no thread promised to them (only with a limit)
+        self._closed = False  # shut down: threads end after their job instead of waiting for another
+        self._local = threading.local()  # on the pool's threads: ``then``, what runs after the current job
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` on a thread of the pool; it must not raise."""
         start = False
         with self._lock:
+            self._closed = False
             if self._idle:
                 self._idle -= 1
             elif self.limit is None or self._count < self.limit:
@@ -86,15 +93,29 @@ class Threads:
 
         return job, future
 
+    def then(self, after: Callable[[], None], otherwise: Callable[[Callable[[], None]], None]) -> None:
+        """Run ``after`` on this thread once the current job has reported back, outside the pool's limit.
+
+        Called from a job on one of this pool's threads (one ``after`` per job); anywhere else, ``after``
+        is passed to ``otherwise`` instead. ``after`` must not raise.
+        """
+        local = self._local
+        if getattr(local, "in_pool", False) and getattr(local, "after", None) is None:
+            local.after = after
+        else:
+            otherwise(after)
+
     def shutdown(self) -> None:
-        """Stop the idle threads; busy ones finish their job and retire once idle."""
+        """Stop the idle threads; busy ones end after their job. A later ``submit`` starts threads again."""
         with self._lock:
+            self._closed = True
             stopping, self._idle = self._idle, 0
             self._count -= stopping
         for _ in range(stopping):
             self._jobs.put(None)
 
     def _work(self) -> None:
+        self._local.in_pool = True
         while True:
             try:
                 job = self._jobs.get(timeout=_IDLE_SECONDS)
@@ -108,11 +129,35 @@ class Threads:
             if job is None:
                 return
             job()
+            after, self._local.after = getattr(self._local, "after", None), None
+            if after is not None and not self._step_out(after):
+                return
             with self._lock:
                 if self._backlog:
                     self._backlog -= 1  # this thread takes a queued job next
+                elif self._closed:
+                    self._count -= 1
+                    return
                 else:
                     self._idle += 1
+
+    def _step_out(self, after: Callable[[], None]) -> bool:
+        """Run ``after`` on this thread outside the pool; returns whether the thread rejoined it."""
+        start = False
+        with self._lock:
+            self._count -= 1
+            if self._backlog:  # the job this thread would have taken next goes to a new thread
+                self._backlog -= 1
+                self._count += 1
+                start = True
+        if start:
+            threading.Thread(target=self._work, name=self.name, daemon=True).start()
+        after()
+        with self._lock:
+            if self._closed or (self.limit is not None and self._count >= self.limit):
+                return False  # shut down, or the pool filled up meanwhile: this thread ends
+            self._count += 1
+            return True
 
 
 def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:

@@ -48,12 +48,17 @@ def test_with_a_limit_jobs_beyond_it_wait_for_a_free_thread_and_all_finish() -> 
 def test_an_idle_thread_is_reused() -> None:
     threads = Threads("test-reuse")
 
-    async def main() -> set[int]:
-        return {await threads.run(threading.get_ident) for _ in range(200)}
+    async def main() -> list[int]:
+        used = []
+        for _ in range(20):
+            used.append(await threads.run(threading.get_ident))
+            # A thread marks itself idle just after reporting back; once it has, it gets the next job.
+            while not threads._idle:
+                await asyncio.sleep(0.001)
+        return used
 
-    # A thread marks itself idle just after reporting back, so the next job may start a second thread
-    # once; after that both are reused.
-    assert len(asyncio.run(main())) <= 2
+    used = asyncio.run(main())
+    assert len(set(used)) == 1, used
     threads.shutdown()
 
 

@@ -15,6 +15,7 @@ wake up (the store's thread starts a sync tool right after the append that made 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
@@ -36,29 +37,29 @@ class Threads:
     def __init__(self, name: str, limit: int | None = None) -> None:
         self.name = name
         self.limit = limit
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._count = 0  # threads alive
-        self._idle = 0  # threads waiting for a job no one has been promised
-        self._backlog = 0  # jobs queued with no thread promised to them (only with a limit)
+        self._count = 0  # threads in the pool (not those running a ``then`` outside it)
+        self._idle: list[_Inbox] = []  # the job queue of each idle thread; a job goes to exactly one
+        self._backlog: collections.deque[Callable[[], None]] = collections.deque()  # beyond the limit
         self._closed = False  # shut down: threads end after their job instead of waiting for another
         self._local = threading.local()  # on the pool's threads: ``then``, what runs after the current job
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` on a thread of the pool; it must not raise."""
-        start = False
         with self._lock:
             self._closed = False
             if self._idle:
-                self._idle -= 1
+                inbox: _Inbox | None = self._idle.pop()
             elif self.limit is None or self._count < self.limit:
                 self._count += 1
-                start = True
+                inbox = None
             else:
-                self._backlog += 1
-        self._jobs.put(job)
-        if start:
-            threading.Thread(target=self._work, name=self.name, daemon=True).start()
+                self._backlog.append(job)
+                return
+        if inbox is not None:
+            inbox.put(job)
+        else:
+            threading.Thread(target=self._work, args=(job,), name=self.name, daemon=True).start()
 
     def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Call ``fn(*args)`` on a thread; the returned future (of the running loop) settles with it.
@@ -109,55 +110,55 @@ class Threads:
         """Stop the idle threads; busy ones end after their job. A later ``submit`` starts threads again."""
         with self._lock:
             self._closed = True
-            stopping, self._idle = self._idle, 0
-            self._count -= stopping
-        for _ in range(stopping):
-            self._jobs.put(None)
+            idle, self._idle = self._idle, []
+            self._count -= len(idle)
+        for inbox in idle:
+            inbox.put(None)
 
-    def _work(self) -> None:
+    def _work(self, job: Callable[[], None] | None) -> None:
         self._local.in_pool = True
-        while True:
-            try:
-                job = self._jobs.get(timeout=_IDLE_SECONDS)
-            except queue.Empty:
-                with self._lock:
-                    if self._idle:  # retire; otherwise a job was just promised to a waiting thread
-                        self._idle -= 1
-                        self._count -= 1
-                        return
-                continue
-            if job is None:
-                return
+        inbox: _Inbox = queue.SimpleQueue()
+        while job is not None:
             job()
             after, self._local.after = getattr(self._local, "after", None), None
             if after is not None and not self._step_out(after):
                 return
             with self._lock:
                 if self._backlog:
-                    self._backlog -= 1  # this thread takes a queued job next
-                elif self._closed:
+                    job = self._backlog.popleft()
+                    continue
+                if self._closed:
                     self._count -= 1
                     return
-                else:
-                    self._idle += 1
+                self._idle.append(inbox)
+            try:
+                job = inbox.get(timeout=_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:  # retire; otherwise a job was just handed to it
+                        self._idle.remove(inbox)
+                        self._count -= 1
+                        return
+                job = inbox.get()
 
     def _step_out(self, after: Callable[[], None]) -> bool:
         """Run ``after`` on this thread outside the pool; returns whether the thread rejoined it."""
-        start = False
         with self._lock:
             self._count -= 1
-            if self._backlog:  # the job this thread would have taken next goes to a new thread
-                self._backlog -= 1
+            waiting = self._backlog.popleft() if self._backlog else None
+            if waiting is not None:  # the job this thread would have taken next goes to a new thread
                 self._count += 1
-                start = True
-        if start:
-            threading.Thread(target=self._work, name=self.name, daemon=True).start()
+        if waiting is not None:
+            threading.Thread(target=self._work, args=(waiting,), name=self.name, daemon=True).start()
         after()
         with self._lock:
             if self._closed or (self.limit is not None and self._count >= self.limit):
                 return False  # shut down, or the pool filled up meanwhile: this thread ends
             self._count += 1
             return True
+
+
+_Inbox = queue.SimpleQueue  # a thread's own job queue: a job, or None to stop
 
 
 def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:

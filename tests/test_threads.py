@@ -141,3 +141,36 @@ def test_then_off_the_pool_hands_the_callable_to_otherwise() -> None:
 
     threads.then(after, otherwise=handed.append)
     assert handed == [after]
+
+
+def test_a_task_cancelled_while_awaiting_run_through_sees_it_only_once_the_call_returned() -> None:
+    threads = Threads("test-through")
+    release = threading.Event()
+    seen: dict[str, object] = {}
+
+    def append() -> str:
+        release.wait(5)
+        return "appended"
+
+    async def waiter(future: asyncio.Future[str]) -> None:
+        try:
+            await future
+        except asyncio.CancelledError:
+            seen["done_when_cancelled"] = future.done()
+            seen["result"] = future.result()
+            raise
+
+    async def main() -> None:
+        future = threads.run_through(append)
+        task = asyncio.ensure_future(waiter(future))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        seen["task_done_before_release"] = task.done()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert seen == {"task_done_before_release": False, "done_when_cancelled": True, "result": "appended"}
+    threads.shutdown()

@@ -103,22 +103,18 @@ class DriveCore:
                 jobs = {}
                 if self.after_append:
                     jobs = {e.seq: self.after_append.pop(e.seq) for e in batch if e.seq in self.after_append}
-                future = self.store.io_threads.run(self._append, batch, self.state.info(), jobs)
+                future = self.store.io_threads.run_through(self._append, batch, self.state.info(), jobs)
                 cancelled = False
-                while True:
+                while not future.done():
                     try:
-                        await asyncio.shield(future)
-                        break
+                        await future  # a cancel of this task is raised here only once the append returned
                     except asyncio.CancelledError:
-                        cancelled = True  # raised once the append is settled, even one that just finished
-                        if future.done():
-                            break
+                        cancelled = True
                     except Exception:
-                        break  # the append failed: settled below
-                if future.cancelled() or future.exception() is not None:
+                        pass  # the append failed: settled below
+                error = future.exception()
+                if error is not None:
                     self.after_append.update(jobs)  # a retry of the same seqs starts them
-                    error = future.exception() if not future.cancelled() else asyncio.CancelledError()
-                    assert error is not None
                     if cancelled:
                         raise asyncio.CancelledError() from error
                     self.save_failed = error

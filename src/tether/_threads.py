@@ -70,13 +70,26 @@ class Threads:
         self.submit(job)
         return future
 
-    def job(self, fn: Callable[..., T], *args: Any) -> tuple[Callable[[], None], asyncio.Future[T]]:
+    def run_through(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """``run``, but cancelling the task that awaits the future does not cancel the future.
+
+        The task sees its ``CancelledError`` only once ``fn`` has returned, and the future then holds the
+        outcome: an append in progress always completes, and its caller knows how it ended.
+        """
+        job, future = self.job(fn, *args, through=True)
+        self.submit(job)
+        return future
+
+    def job(
+        self, fn: Callable[..., T], *args: Any, through: bool = False
+    ) -> tuple[Callable[[], None], asyncio.Future[T]]:
         """``run`` in two steps: the job to ``submit`` later (from any thread) and the future it settles.
 
-        Call it on the event loop's thread. A job never submitted leaves its future pending.
+        Call it on the event loop's thread. A job never submitted leaves its future pending. ``through``:
+        the future is not cancelled with its awaiter (see ``run_through``).
         """
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+        future: asyncio.Future[T] = _Through(loop=loop) if through else loop.create_future()
 
         def job() -> None:
             try:
@@ -159,6 +172,13 @@ class Threads:
 
 
 _Inbox = queue.SimpleQueue  # a thread's own job queue: a job, or None to stop
+
+
+class _Through(asyncio.Future[Any]):
+    """A future that refuses ``cancel``: a task cancelled while awaiting it is cancelled once it settles."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
 
 
 def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:

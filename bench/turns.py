@@ -216,7 +216,7 @@ def main() -> int:
     rows = []
     try:
         for turns in (int(t) for t in args.turns.split(",")):
-            reps = max(1, min(5, 2000 // turns))  # short runs are repeated: fsync latency is noisy
+            reps = max(3, min(5, 2000 // turns))  # repeated, medians kept: fsync latency is noisy
             samples = []
             warm = root / f"t{turns}-warm-up"
             warm.mkdir()

@@ -82,6 +82,7 @@ class DriveCore:
         # the append that makes that entry durable. ``prestarted`` holds their futures until _invoke awaits.
         self.after_append: dict[int, Callable[[], None]] = {}
         self.prestarted: dict[str, asyncio.Future[Any]] = {}
+        self.validated: dict[str, dict[str, Any]] = {}  # a reply's arguments as _admit validated them
 
     # ----------------------------------------------------------------------------------------------
     # Writing

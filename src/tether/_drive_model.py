@@ -258,7 +258,9 @@ class ModelSteps(DriveCore):
             state.queue(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(text)])
             return
         try:
-            tool.validate(block.get("args") if block.get("args") is not None else {})
+            self.validated[call_id] = tool.validate(
+                block.get("args") if block.get("args") is not None else {}
+            )
         except ToolInputError as exc:
             state.queue(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(str(exc))])
             return

@@ -161,10 +161,12 @@ class ToolSteps(ModelSteps):
         tool = self.agent.tool(record.tool)
         if tool is None or tool.is_async or record.tool in self.agent.subagents:
             return
-        try:
-            kwargs = tool.validate(record.args if record.args is not None else {})
-        except ToolInputError:
-            return
+        kwargs = self.validated.pop(call_id, None)
+        if kwargs is None:
+            try:
+                kwargs = tool.validate(record.args if record.args is not None else {})
+            except ToolInputError:
+                return
         ctx = ToolContext(self.state.id, call_id, record.attempt, record.key or "", tool.name)
         job, future = sync_tool_job(tool, kwargs, ctx)
         self.after_append[seq] = job

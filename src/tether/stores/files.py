@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import socket
 import threading
@@ -66,6 +67,14 @@ __all__ = ["FileStore"]
 
 _STORES: weakref.WeakValueDictionary[int, FileStore] = weakref.WeakValueDictionary()
 _BROKEN: set[tuple[int, int]] = set()  # (dev, ino) of journals where a failed write could not be undone
+
+
+@functools.lru_cache(maxsize=1024)
+def _paths_in(folder: str, run_id: str) -> tuple[str, str, str]:
+    """The journal, inbox and lock paths of a valid run id in ``folder`` (a run's steps ask for them often)."""
+    j.validate_run_id(run_id)
+    stem = os.path.join(folder, run_id)
+    return stem + ".jsonl", stem + ".inbox.jsonl", stem + ".lock"
 
 
 def _after_fork_in_child() -> None:
@@ -127,9 +136,9 @@ class FileStore(FileListing):
 
     def _paths(self, run_id: str) -> tuple[str, str, str]:
         """The journal, inbox and lock paths of a valid run id."""
-        j.validate_run_id(run_id)
-        stem = os.path.join(self.path, run_id)
-        return stem + ".jsonl", stem + ".inbox.jsonl", stem + ".lock"
+        if not isinstance(run_id, str):
+            j.validate_run_id(run_id)  # its clear error, not the cache's TypeError for a list
+        return _paths_in(self.path, run_id)
 
     def _jlock(self, run_id: str) -> threading.RLock:
         return self._jlocks[hash(run_id) % STRIPES]

@@ -98,6 +98,8 @@ class DriveCore:
 
     async def flush(self) -> None:
         """Append everything queued; an append in progress always completes, even when cancelled."""
+        if not self.state.unsaved:
+            return  # nothing queued, and so no append in progress either (its entries count as unsaved)
         async with self.flush_lock:
             while self.state.unsaved:
                 batch = self.state.next_batch()

@@ -220,7 +220,7 @@ class ToolSteps(ModelSteps):
             except Exception as exc:
                 outcome, content = "error", [_text(f"{type(exc).__name__}: {exc}")]
             break
-        if record.outcome is not None or call_id not in {c.call_id for c in state.open_calls}:
+        if record.outcome is not None or not state.is_open(call_id):
             log.info("run %s call %s finished after it was closed; result dropped", state.id, call_id)
             return
         state.queue(j.ToolFinished, call_id=call_id, outcome=outcome, content=content, usage=usage)

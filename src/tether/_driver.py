@@ -183,13 +183,14 @@ class Drive(ToolSteps):
                 await self._ask_human()
                 if self.done or state.status == "cancelled":
                     return
-            runnable = [c.call_id for c in state.open_calls if c.action in ("run", "retry", "resume_child")]
-            if not runnable and state.open_calls and not self.child_busy:
+            open_calls = state.open_calls
+            runnable = [c.call_id for c in open_calls if c.action in ("run", "retry", "resume_child")]
+            if not runnable and open_calls and not self.child_busy:
                 runnable = await self._children_with_work()
             if runnable and not self.child_busy:
                 await self._run_calls(runnable)
                 continue
-            if state.open_calls:  # every open call waits for a person (or a child)
+            if open_calls:  # every open call waits for a person (or a child)
                 return
             await self._ask()
 

@@ -171,6 +171,10 @@ class State:
         """The fold's record of one call (internal use by the driver)."""
         return self._calls.get(call_id)
 
+    def is_open(self, call_id: str) -> bool:
+        """Whether the call has no ``tool_finished`` yet (internal use by the driver)."""
+        return call_id in self._open
+
     @property
     def unsaved(self) -> int:
         """How many entries of ``history`` are not durable yet."""

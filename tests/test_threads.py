@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -173,4 +174,27 @@ def test_a_task_cancelled_while_awaiting_run_through_sees_it_only_once_the_call_
 
     asyncio.run(main())
     assert seen == {"task_done_before_release": False, "done_when_cancelled": True, "result": "appended"}
+    threads.shutdown()
+
+
+def test_a_forked_child_starts_its_own_threads() -> None:
+    threads = Threads("test-fork")
+
+    async def ident() -> int:
+        return await threads.run(threading.get_ident)
+
+    asyncio.run(ident())  # the parent now has an idle thread, which a forked child does not
+    pid = os.fork()
+    if pid == 0:  # the child: a job must run, not wait for the parent's thread
+        code = 1
+
+        async def upper() -> str:
+            return await asyncio.wait_for(threads.run(str.upper, "ran"), 5)
+
+        try:
+            code = 0 if asyncio.run(upper()) == "RAN" else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
     threads.shutdown()

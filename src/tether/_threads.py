@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,6 +39,11 @@ class Threads:
     def __init__(self, name: str, limit: int | None = None) -> None:
         self.name = name
         self.limit = limit
+        self._reset()
+        _POOLS.add(self)
+
+    def _reset(self) -> None:
+        """Empty: no threads (at creation, and in a forked child, where the parent's threads do not exist)."""
         self._lock = threading.Lock()
         self._count = 0  # threads in the pool (not those running a ``then`` outside it)
         self._idle: list[_Inbox] = []  # the job queue of each idle thread; a job goes to exactly one
@@ -172,6 +179,16 @@ class Threads:
 
 
 _Inbox = queue.SimpleQueue  # a thread's own job queue: a job, or None to stop
+
+_POOLS: weakref.WeakSet[Threads] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for pool in list(_POOLS):
+        pool._reset()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Through(asyncio.Future[Any]):

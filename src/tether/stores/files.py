@@ -43,7 +43,6 @@ import orjson
 
 from .. import _failpoints as fp
 from .. import journal as j
-from .._threads import Threads
 from ..errors import (
     ConflictError,
     LeaseLostError,
@@ -56,7 +55,6 @@ from . import _filelock as fl
 from . import _filetail as ft
 from ._files_listing import STRIPES, FileListing, Held, owner_in
 from .base import (
-    IO_THREADS,
     Lease,
     Owner,
     busy_error,
@@ -152,7 +150,6 @@ class FileStore(FileListing):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._reset()
-        self.io_threads = Threads("tether-store", limit=IO_THREADS)  # the parent's threads are not here
 
     def _drop(self, run_id: str) -> None:
         """Stop holding the run: close its journal fd and its lock fd (the kernel drops the flock)."""

@@ -2,7 +2,7 @@
 
 A store keeps, for each run, its journal (append-only entries), its inbox (posted items) and who holds it.
 Primitives are synchronous and thread-safe; an async store overrides the ``a``-prefixed twins, which by
-default run the primitive on the store's own executor. ``load``, ``save``, ``settle``, ``cancel``,
+default run the primitive on the store's own threads (``io_threads``). ``load``, ``save``, ``settle``, ``cancel``,
 ``follow``, ``fork`` and ``list_page`` are built on the primitives. Stores never fold entries: the listing
 record (``info``) comes from the writer.
 
@@ -76,7 +76,7 @@ class Store(abc.ABC):
 
     Every primitive is synchronous and thread-safe, and may be called from several processes on the same
     storage at once (a MemoryStore is the one store that lives in one process). An async store overrides
-    the ``a``-prefixed twins; otherwise ``run_io`` runs a primitive on the store's own executor.
+    the ``a``-prefixed twins; otherwise ``run_io`` runs a primitive on the store's own threads.
 
     Primitives (abstract): ``identity``, ``create``, ``append``, ``read``, ``length``, ``post``,
     ``read_inbox``, ``inbox_length``, ``claim``, ``claim_next``, ``renew``, ``release``, ``abandon``,

@@ -539,7 +539,7 @@ class FileStore(FileListing):
         return Owner.from_dict(fl.read_lock(lpath))
 
     def close(self) -> None:
-        """Give up every run this object holds (closing their locks) and release the executor."""
+        """Give up every run this object holds (closing their locks) and stop its idle I/O threads."""
         for run_id in list(self._held):
             with self._jlock(run_id):
                 self._drop(run_id)

@@ -213,6 +213,30 @@ def test_an_interrupt_arriving_as_a_sync_tool_starts_stops_the_run(store: Any) -
         assert result.outcome == "aborted" and "may or may not" in text(result)
 
 
+def test_no_thread_for_a_started_call_runs_it_late_but_once(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tether import _tool_runner
+
+    ran: list[str] = []
+
+    @tool(effect="unsafe")
+    def act(ctx: ToolContext) -> str:
+        """Act once."""
+        ran.append(ctx.call_id)
+        return "acted"
+
+    def no_thread(job: Any) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(_tool_runner._TOOL_THREADS, "submit", no_thread)  # the process is out of threads
+    script = [[call("act"), call("act"), call("act")], "done"]
+    state = Agent(ScriptedModel(script), tools=[act], store=store).run("go")
+    assert state.status == "completed"
+    assert sorted(ran) == ["c3_0", "c3_1", "c3_2"], "each call ran once: none lost, none run twice"
+    assert [r.outcome for r in finished(state).values()] == ["done", "done", "done"]
+
+
 def test_parallel_async_calls_run_concurrently(store: Any) -> None:
     arrived: list[str] = []
 

@@ -198,3 +198,26 @@ def test_a_forked_child_starts_its_own_threads() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     threads.shutdown()
+
+
+def test_a_thread_that_cannot_start_leaves_the_pool_able_to_run_the_next_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads = Threads("test-no-start", limit=1)
+    real_start = threading.Thread.start
+    failures = [RuntimeError("can't start new thread")]
+
+    def start(self: threading.Thread) -> None:
+        if failures:
+            raise failures.pop()
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        threads.submit(lambda: None)
+
+    async def main() -> str:
+        return await asyncio.wait_for(threads.run(str.upper, "next"), 5)
+
+    assert asyncio.run(main()) == "NEXT", "the failed start gave its place in the limit back"
+    threads.shutdown()

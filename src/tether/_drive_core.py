@@ -78,10 +78,12 @@ class DriveCore:
         self.output_failures = 0
         self.cancelling: set[str] = set()  # subagent calls whose child is being cancelled
         self.waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
-        # Sync tool jobs keyed by the seq of their tool_started: the store's thread starts each right after
-        # the append that makes that entry durable. ``prestarted`` holds their futures until _invoke awaits.
-        self.after_append: dict[int, Callable[[], None]] = {}
+        # Sync tool jobs (call id, job) keyed by the seq of their tool_started: the store's thread starts each
+        # right after the append that makes that entry durable, and notes its call in ``handed_over``.
+        # ``prestarted`` holds their futures until _invoke awaits them.
+        self.after_append: dict[int, tuple[str, Callable[[], None]]] = {}
         self.prestarted: dict[str, asyncio.Future[Any]] = {}
+        self.handed_over: set[str] = set()
         self.validated: dict[str, dict[str, Any]] = {}  # a reply's arguments as _admit validated them
 
     # ----------------------------------------------------------------------------------------------
@@ -131,7 +133,9 @@ class DriveCore:
                 if cancelled:
                     raise asyncio.CancelledError()
 
-    def _append(self, batch: list[j.Entry], info: dict[str, Any], jobs: dict[int, Callable[[], None]]) -> int:
+    def _append(
+        self, batch: list[j.Entry], info: dict[str, Any], jobs: dict[int, tuple[str, Callable[[], None]]]
+    ) -> int:
         """Read the inbox's length, append a batch, and start the sync tools it made durable, on one trip.
 
         The length is read before the append (DURABILITY 2.3). One started tool runs on this very thread
@@ -147,9 +151,13 @@ class DriveCore:
             info=info,
         )
         if jobs and not self.stopping:  # a stopping drive starts no tool (_close_after settles its calls)
-            first, *others = jobs.values()
-            for job in others:
+            # Nothing here may raise now that the append is durable: a raise would have it retried, and its
+            # tools started twice. submit_tool_job runs a job in place when no thread can be started.
+            (first_call, first), *others = jobs.values()
+            for call_id, job in others:
+                self.handed_over.add(call_id)
                 submit_tool_job(job)
+            self.handed_over.add(first_call)
             self.store.io_threads.then(first, submit_tool_job)  # this thread, once the append is reported
         return length
 

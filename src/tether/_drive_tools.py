@@ -169,7 +169,7 @@ class ToolSteps(ModelSteps):
                 return
         ctx = ToolContext(self.state.id, call_id, record.attempt, record.key or "", tool.name)
         job, future = sync_tool_job(tool, kwargs, ctx)
-        self.after_append[seq] = job
+        self.after_append[seq] = (call_id, job)
         self.prestarted[call_id] = future
 
     def _launch(self, call_id: str) -> None:

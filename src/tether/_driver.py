@@ -217,7 +217,10 @@ class Drive(ToolSteps):
         self.stopping = True
         for task in self.tasks.values():
             task.cancel()
-        in_flight = list(self.tasks) + list(self.prestarted)  # prestarted: on a thread, never awaited
+        # Calls handed to a thread by the store's thread but never awaited are in flight too.
+        in_flight = list(self.tasks) + [c for c in self.prestarted if c in self.handed_over]
+        for future in self.prestarted.values():
+            future.add_done_callback(_drop_result)  # no one awaits it now: its result is not needed
         self.tasks, self.prestarted = {}, {}
         state = self.state
         if self.save_failed is not None:
@@ -264,3 +267,9 @@ class Drive(ToolSteps):
             if save_error is not exc:
                 exc.add_note(f"saving the run also failed: {type(save_error).__name__}: {save_error}")
             await self._give_up()
+
+
+def _drop_result(future: asyncio.Future[Any]) -> None:
+    """Mark a late call's outcome as read (it was closed without it), so asyncio does not log it."""
+    if not future.cancelled():
+        future.exception()

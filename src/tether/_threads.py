@@ -52,7 +52,11 @@ class Threads:
         self._local = threading.local()  # on the pool's threads: ``then``, what runs after the current job
 
     def submit(self, job: Callable[[], None]) -> None:
-        """Run ``job`` on a thread of the pool; it must not raise."""
+        """Run ``job`` on a thread of the pool; it must not raise.
+
+        Raises:
+            RuntimeError: no thread could be started (the job was not taken).
+        """
         with self._lock:
             self._closed = False
             if self._idle:
@@ -65,8 +69,13 @@ class Threads:
                 return
         if inbox is not None:
             inbox.put(job)
-        else:
+            return
+        try:
             threading.Thread(target=self._work, args=(job,), name=self.name, daemon=True).start()
+        except BaseException:  # no thread could be started: the job was not taken, and counts for nothing
+            with self._lock:
+                self._count -= 1
+            raise
 
     def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Call ``fn(*args)`` on a thread; the returned future (of the running loop) settles with it.
@@ -169,7 +178,12 @@ class Threads:
             if waiting is not None:  # the job this thread would have taken next goes to a new thread
                 self._count += 1
         if waiting is not None:
-            threading.Thread(target=self._work, args=(waiting,), name=self.name, daemon=True).start()
+            try:
+                threading.Thread(target=self._work, args=(waiting,), name=self.name, daemon=True).start()
+            except RuntimeError:  # no thread could be started: the job waits for the next free thread
+                with self._lock:
+                    self._count -= 1
+                    self._backlog.appendleft(waiting)
         after()
         with self._lock:
             if self._closed or (self.limit is not None and self._count >= self.limit):

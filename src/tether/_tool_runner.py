@@ -9,6 +9,7 @@ handed over by the store's thread the moment its ``tool_started`` is durable (``
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,8 @@ from ._threads import Threads
 from .tools import Tool, ToolContext
 
 __all__ = ["call_tool", "submit_tool_job", "sync_tool_job", "tool_result"]
+
+log = logging.getLogger("tether")
 
 _TOOL_THREADS = Threads("tether-tool")
 
@@ -28,8 +31,16 @@ def sync_tool_job(
 
 
 def submit_tool_job(job: Callable[[], None]) -> None:
-    """Start a job from ``sync_tool_job`` on a tool thread of its own; callable from any thread."""
-    _TOOL_THREADS.submit(job)
+    """Start a job from ``sync_tool_job`` on a tool thread of its own; callable from any thread.
+
+    When no thread can be started (the process is out of threads), the job runs here, on the caller's
+    thread: late rather than lost, and never twice.
+    """
+    try:
+        _TOOL_THREADS.submit(job)
+    except RuntimeError as exc:
+        log.warning("no tool thread could be started (%s); running the call on this thread", exc)
+        job()
 
 
 async def call_tool(tool: Tool, kwargs: dict[str, Any], ctx: ToolContext) -> Any:

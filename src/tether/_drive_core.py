@@ -116,7 +116,7 @@ class DriveCore:
                     except asyncio.CancelledError:
                         cancelled = True
                     except Exception:
-                        pass  # the append failed: settled below
+                        break  # the append failed (its future is done): settled below
                 error = future.exception()
                 if error is not None:
                     self.after_append.update(jobs)  # a retry of the same seqs starts them

@@ -71,8 +71,8 @@ class Threads:
             inbox.put(job)
             return
         try:
-            threading.Thread(target=self._work, args=(job,), name=self.name, daemon=True).start()
-        except BaseException:  # no thread could be started: the job was not taken, and counts for nothing
+            self._start(job)
+        except RuntimeError:  # no thread could be started: the job was not taken, and counts for nothing
             with self._lock:
                 self._count -= 1
             raise
@@ -144,6 +144,10 @@ class Threads:
         for inbox in idle:
             inbox.put(None)
 
+    def _start(self, job: Callable[[], None]) -> None:
+        """A new thread of the pool, whose first job is ``job`` (the caller has counted it)."""
+        threading.Thread(target=self._work, args=(job,), name=self.name, daemon=True).start()
+
     def _work(self, job: Callable[[], None] | None) -> None:
         self._local.in_pool = True
         inbox: _Inbox = queue.SimpleQueue()
@@ -179,7 +183,7 @@ class Threads:
                 self._count += 1
         if waiting is not None:
             try:
-                threading.Thread(target=self._work, args=(waiting,), name=self.name, daemon=True).start()
+                self._start(waiting)
             except RuntimeError:  # no thread could be started: the job waits for the next free thread
                 with self._lock:
                     self._count -= 1

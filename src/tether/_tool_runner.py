@@ -31,10 +31,11 @@ def sync_tool_job(
 
 
 def submit_tool_job(job: Callable[[], None]) -> None:
-    """Start a job from ``sync_tool_job`` on a tool thread of its own; callable from any thread.
+    """Start a job from ``sync_tool_job`` on a tool thread of its own; called from the store's threads.
 
     When no thread can be started (the process is out of threads), the job runs here, on the caller's
-    thread: late rather than lost, and never twice.
+    thread: late rather than lost, and never twice. Never call it on the event loop's thread, which that
+    would block.
     """
     try:
         _TOOL_THREADS.submit(job)

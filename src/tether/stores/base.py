@@ -2,9 +2,9 @@
 
 A store keeps, for each run, its journal (append-only entries), its inbox (posted items) and who holds it.
 Primitives are synchronous and thread-safe; an async store overrides the ``a``-prefixed twins, which by
-default run the primitive on the store's own threads (``io_threads``). ``load``, ``save``, ``settle``, ``cancel``,
-``follow``, ``fork`` and ``list_page`` are built on the primitives. Stores never fold entries: the listing
-record (``info``) comes from the writer.
+default run the primitive on the store's own threads (``io_threads``). ``load``, ``save``, ``settle``,
+``cancel``, ``follow``, ``fork`` and ``list_page`` are built on the primitives. Stores never fold entries:
+the listing record (``info``) comes from the writer.
 
 The ``Store`` docstrings are the contract; ``tether.testing.StoreConformance`` checks it. The ``plan_*``
 functions state the selection rules of ``claim_next``, ``prune`` and ``delete`` over ``RunInfo`` records:

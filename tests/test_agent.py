@@ -216,7 +216,7 @@ def test_an_interrupt_arriving_as_a_sync_tool_starts_stops_the_run(store: Any) -
 def test_no_thread_for_a_started_call_runs_it_late_but_once(
     store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tether import _tool_runner
+    from tether._run import invoke as _tool_runner
 
     ran: list[str] = []
 

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from tether import Agent, FileStore, Owner, State, open_store, tool
 from tether import journal as j
+from tether._cli.app import DEFAULT_STORE, app
 from tether._timeline import format_args, format_time, next_step, summarize, timeline_lines, truncate
-from tether.cli import DEFAULT_STORE, app
 from tether.testing import ScriptedModel, call
 
 runner = CliRunner()
@@ -56,7 +56,7 @@ def crashed_run(url: str, run_id: str, tmp_path: Path, failpoint: str) -> None:
     """Start the demo's agent in a child process that the store kills at ``failpoint``."""
     env = {k: v for k, v in os.environ.items() if k != "TETHER_FAILPOINT"}
     env["TETHER_FAILPOINT"] = failpoint
-    argv = [sys.executable, "-m", "tether._demo", "start", url, run_id, str(tmp_path / "side.log")]
+    argv = [sys.executable, "-m", "tether._cli.demo", "start", url, run_id, str(tmp_path / "side.log")]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == -9, done.stderr
 
@@ -108,7 +108,7 @@ def test_demo_keeps_its_run_in_a_given_store(url: str) -> None:
 
 
 def test_demo_fails_when_the_crash_does_not_happen(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tether import _demo
+    from tether._cli import demo as _demo
 
     monkeypatch.setattr(_demo, "FAILPOINT", "after_append:approval_requested")  # never fires here
     lines: list[tuple[str, str]] = []
@@ -390,7 +390,7 @@ def test_next_step_of_a_completed_run(url: str) -> None:
 
 
 def test_import_tether_loads_no_cli_libraries() -> None:
-    code = "import sys, tether; print(sorted(m for m in ('typer', 'rich', 'tether.cli') if m in sys.modules))"
+    code = "import sys, tether; print(sorted(m for m in ('typer', 'rich', 'tether.cli', 'tether._cli.app') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

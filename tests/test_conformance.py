@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.register_assert_rewrite("tether._conformance")
+pytest.register_assert_rewrite("tether._harness.conformance.suite")
 
-from tether._conformance import StoreConformance  # noqa: E402
+from tether._harness.conformance.suite import StoreConformance  # noqa: E402
 from tether.stores import FileStore, MemoryStore, Store  # noqa: E402
 from tether.stores.sqlite import SQLiteStore  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The crash harness itself (``tether._crashtest``, re-exported by ``tether.testing``): its pieces in
+"""The crash harness itself (``tether._harness.crash.crash_test``, re-exported by ``tether.testing``): its pieces in
 process, then whole crash tests on small scenarios, including ones built to break an invariant."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from tether import Agent, FileStore, Message, Tool, ToolContext, tool
 from tether import journal as j
-from tether._crashtest import (
+from tether._harness.crash.crash_test import (
     LOG_ENV,
     CrashCase,
     CrashReport,

@@ -2,7 +2,7 @@
 (DESIGN 5.3 and 5.4, DURABILITY 5).
 
 The faults are injected where the stores make their system calls: FileStore's byte I/O goes through
-``tether.stores._filelock``, whose ``os`` is replaced by ``Disk`` (it fails chosen ``pwrite``, ``fdatasync``,
+``tether.stores.files._lock``, whose ``os`` is replaced by ``Disk`` (it fails chosen ``pwrite``, ``fdatasync``,
 ``fsync`` or ``ftruncate`` calls on one journal file and passes everything else through); SQLiteStore's
 commits go through a connection wrapper. Each test checks that nothing reported durable is lost, that the
 run raises the documented error, and that a later save (or resume) completes the journal.
@@ -37,7 +37,7 @@ from tether import (
 )
 from tether import journal as j
 from tether.state import ABORTED_UNKNOWN
-from tether.stores import _filelock as fl
+from tether.stores.files import _lock as fl
 from tether.testing import ScriptedModel, call
 
 # --------------------------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ class Fault:
 
 
 class Disk:
-    """Stands in for ``os`` inside ``tether.stores._filelock``: fails chosen calls on one file."""
+    """Stands in for ``os`` inside ``tether.stores.files._lock``: fails chosen calls on one file."""
 
     def __init__(self, target: Path, *faults: Fault) -> None:
         self.target = str(target)
@@ -278,7 +278,7 @@ def test_a_failed_sync_of_a_tool_result_is_rewritten_by_the_end_of_the_batch(
 BROKEN_CHILD = """
 import errno, os, sys
 from tether import Agent, FileStore, Message, State, StoreBrokenError, tool
-from tether.stores import _filelock as fl
+from tether.stores.files import _lock as fl
 from tether.testing import ScriptedModel, call
 
 folder = sys.argv[1]

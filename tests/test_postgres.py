@@ -42,10 +42,10 @@ import psycopg
 
 from tether.stores.postgres import SCHEMA_VERSION, PostgresStore
 
-pytest.register_assert_rewrite("tether._conformance")
+pytest.register_assert_rewrite("tether._harness.conformance.suite")
 StoreConformance: Any = getattr(tether.testing, "StoreConformance", None)
 if StoreConformance is None:  # until tether.testing exports it
-    from tether._conformance import StoreConformance
+    from tether._harness.conformance.suite import StoreConformance
 
 # --------------------------------------------------------------------------------------------------
 # Helpers
@@ -556,7 +556,7 @@ def test_claim_next_takes_the_oldest_root_needing_work(db: PostgresStore, dsn: s
 
 
 def test_claim_next_uses_the_partial_index(db: PostgresStore, dsn: str) -> None:
-    from tether.stores._pgsql import FREE, NEEDS, WORK
+    from tether.stores.postgres._sql import FREE, NEEDS, WORK
 
     rows = [(f"x{i:05d}", "completed" if i % 50 else "running") for i in range(5000)]
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -386,7 +386,7 @@ def test_claim_next_takes_the_oldest_root_needing_work(db: SQLiteStore) -> None:
 
 
 def test_claim_next_uses_the_partial_index(db: SQLiteStore) -> None:
-    from tether.stores.sqlite import _NEXT
+    from tether.stores.sqlite.store import _NEXT
 
     plan = str(
         db._conn().execute(f"EXPLAIN QUERY PLAN {_NEXT} ORDER BY updated_at, id LIMIT 1", (1, 1)).fetchall()
@@ -825,7 +825,7 @@ def test_a_driver_renews_its_lease_while_a_slow_tool_runs(tmp_path: Path) -> Non
 
 
 def test_a_schema_1_file_is_migrated_and_keeps_its_runs(tmp_path: Path) -> None:
-    from tether.stores.sqlite import _MIGRATIONS
+    from tether.stores.sqlite.store import _MIGRATIONS
 
     path = tmp_path / "runs.db"
     conn = sqlite3.connect(path)

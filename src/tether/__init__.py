@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._events import EntryEvent, Event, Reset, TextDelta
 from .agent import Agent, handle_sigterm
 from .errors import (
     ConflictError,
@@ -21,6 +20,7 @@ from .errors import (
     StoreBrokenError,
     TetherError,
 )
+from .events import EntryEvent, Event, Reset, TextDelta
 from .humans import ApprovalQuestion, Human, HumanDecision, ScriptedHuman, TerminalHuman
 from .inbox import InboxItem
 from .messages import Message
@@ -31,9 +31,9 @@ from .stores import Lease, MemoryStore, Owner, RunInfo, Store, open_store
 from .tools import Tool, ToolContext, ToolInputError, tool
 
 if TYPE_CHECKING:
-    from .stores.files import FileStore
-    from .stores.postgres import PostgresStore
-    from .stores.sqlite import SQLiteStore
+    from .stores.files.store import FileStore
+    from .stores.postgres.store import PostgresStore
+    from .stores.sqlite.store import SQLiteStore
     from .worker import Worker
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Loading an Agent named by ``module:attribute`` or ``path/file.py:attribute``: the one loader.
 
-The command line (``tether.cli``, ``--agent``) and the crash harness (``tether._crashtest``, its agent
+The command line (``tether._cli.app``, ``--agent``) and the crash harness (``tether._harness.crash.crash_test``, its agent
 factory) both load agents here; each says how through a ``Wording`` (its error texts and how strict it is).
 This module imports nothing of the CLI (no typer, no rich), so ``tether.testing`` may use it.
 """

@@ -13,12 +13,12 @@ import orjson
 
 from . import budgets
 from . import journal as j
-from ._driver import Drive, backoff
-from ._events import EntryEvent, Event
-from ._renewal import cancel_all_drives, sigterm_received
-from ._subagents import subagent_tool
+from ._run.drive import Drive, backoff
+from ._run.renewal import cancel_all_drives, sigterm_received
+from ._run.subagents import subagent_tool
 from .budgets import Price
 from .errors import ConflictError
+from .events import EntryEvent, Event
 from .humans import Human
 from .messages import Message
 from .models import Model, resolve_model

@@ -14,11 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ._crashtest import CrashCase, CrashReport, InvariantViolation, crash_test, record_execution
+from ._harness.crash.crash_test import (
+    CrashCase,
+    CrashReport,
+    InvariantViolation,
+    crash_test,
+    record_execution,
+)
 from .models.scripted import ScriptedCall, ScriptedModel, call
 
 if TYPE_CHECKING:
-    from ._conformance import StoreConformance
+    from ._harness.conformance.suite import StoreConformance
 
 __all__ = [
     "CrashCase",
@@ -73,7 +79,7 @@ class ExecutionLog:
 def __getattr__(name: str) -> Any:
     """``StoreConformance`` (the store test suite) loads on first use, so pytest is imported only then."""
     if name == "StoreConformance":
-        from ._conformance import StoreConformance
+        from ._harness.conformance.suite import StoreConformance
 
         return StoreConformance
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from tether import Agent, ModelError, ModelRequest, ToolContext, tool
-from tether._crashtest import record_execution
+from tether._harness.crash.crash_test import record_execution
 from tether.testing import ScriptedModel, call
 
 

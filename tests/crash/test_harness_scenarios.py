@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tether import State, open_store
-from tether._crashtest import CrashReport, crash_test
+from tether._harness.crash.crash_test import CrashReport, crash_test
 from tether.state import ABORTED_UNKNOWN
 
 pytestmark = pytest.mark.crash

@@ -8,9 +8,9 @@ from .base import Lease, Owner, RunInfo, Store
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
-    from .files import FileStore
-    from .postgres import PostgresStore
-    from .sqlite import SQLiteStore
+    from .files.store import FileStore
+    from .postgres.store import PostgresStore
+    from .sqlite.store import SQLiteStore
 
 __all__ = [
     "FileStore",
@@ -28,15 +28,15 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """FileStore and SQLiteStore are imported on first use: ``import tether`` stays cheap."""
     if name == "FileStore":
-        from .files import FileStore
+        from .files.store import FileStore
 
         return FileStore
     if name == "SQLiteStore":
-        from .sqlite import SQLiteStore
+        from .sqlite.store import SQLiteStore
 
         return SQLiteStore
     if name == "PostgresStore":
-        from .postgres import PostgresStore  # psycopg is imported here, on first use only
+        from .postgres.store import PostgresStore  # psycopg is imported here, on first use only
 
         return PostgresStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -56,14 +56,14 @@ def open_store(url: str) -> Store:
         return MemoryStore()
     scheme, sep, rest = url.partition(":")
     if not sep or "/" in scheme or "\\" in scheme or len(scheme) == 1:  # a plain path (or C:\ on Windows)
-        from .files import FileStore
+        from .files.store import FileStore
 
         return FileStore(url)
     if scheme == "file":
         path = rest[2:] if rest.startswith("//") else rest
         if not path:
             raise ValueError(f"store URL {url!r} names no folder. Fix: 'file:runs' or 'file:///abs/path'")
-        from .files import FileStore
+        from .files.store import FileStore
 
         return FileStore(path)
     if scheme == "sqlite":
@@ -72,12 +72,12 @@ def open_store(url: str) -> Store:
             raise ValueError(
                 f"store URL {url!r} names no file. Fix: 'sqlite:///runs.db' or 'sqlite:////abs/runs.db'"
             )
-        from .sqlite import SQLiteStore
+        from .sqlite.store import SQLiteStore
 
         return SQLiteStore(path)
     if scheme in ("postgresql", "postgres"):
         try:
-            from .postgres import PostgresStore
+            from .postgres.store import PostgresStore
         except ImportError as exc:
             raise ValueError(
                 f"store URL {url!r} needs psycopg ({exc}). Fix: pip install 'tether[postgres]'"

@@ -475,7 +475,7 @@ class Store(abc.ABC):
         at once when no one holds it. Returns the run after the cancel was journaled, or None when a driver
         holds it (it stops the run within its poll interval).
         """
-        from .._subagents import cancel_tree
+        from .._run.subagents import cancel_tree
 
         return cancel_tree(self, run_id, by)
 

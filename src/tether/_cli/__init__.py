@@ -1,0 +1,1 @@
+"""The ``tether`` command (typer and rich, imported only by the command line)."""

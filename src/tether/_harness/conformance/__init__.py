@@ -1,0 +1,1 @@
+"""The store conformance suite: ``StoreConformance``, one module a theme (journal, leases, listing)."""

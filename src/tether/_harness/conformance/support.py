@@ -1,0 +1,215 @@
+"""The store conformance suite's support (see ``tether._harness.conformance.suite``): writing runs the way a driver does,
+the child processes of the concurrency cases, and the base class with the fixtures every case uses.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ... import journal as j
+from ...errors import RunBusyError
+from ...inbox import consume
+from ...state import State
+from ...stores import open_store
+from ...stores.base import Lease, Owner, Store
+
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing runs the way a driver does
+
+
+def ago(seconds: float) -> str:
+    """An ``updated_at`` that many seconds before now."""
+    return (datetime.now(UTC) - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def started(
+    run_id: str, *, agent: str = "a", parent_id: str | None = None, root_id: str | None = None
+) -> State:
+    """A new run's State with ``run_started`` and a first message queued."""
+    state = State(id=run_id)
+    state.queue(j.RunStarted, agent=agent, parent_id=parent_id, root_id=root_id or run_id)
+    state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": f"hello from {run_id}"}])
+    return state
+
+
+def make_run(
+    store: Store,
+    run_id: str,
+    *,
+    held: bool = False,
+    ttl: float | None = None,
+    agent: str = "a",
+    parent_id: str | None = None,
+    root_id: str | None = None,
+    **info: Any,
+) -> tuple[State, Lease | None]:
+    """Create a run (held or not); ``info`` overrides the listing record (status, updated_at, ...)."""
+    state = started(run_id, agent=agent, parent_id=parent_id, root_id=root_id)
+    owner = Owner.here(state.writer) if held else None
+    lease = store.create(run_id, state.next_batch(), {**state.info(), **info}, owner=owner, ttl=ttl)
+    state.batch_saved()
+    return state, lease
+
+
+def add(store: Store, state: State, lease: Lease | None, n: int = 1, **info: Any) -> list[j.Entry]:
+    """Append ``n`` messages as the holder of ``lease``; ``info`` overrides the listing record."""
+    for i in range(n):
+        state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": f"more {i}"}])
+    batch = state.next_batch()
+    store.append(
+        state.id,
+        batch,
+        expected_seq=batch[0].seq,
+        writer=state.writer,
+        lease_token=lease.token if lease else None,
+        info={**state.info(), **info},
+    )
+    state.batch_saved()
+    return batch
+
+
+def journal_inbox(store: Store, state: State, lease: Lease) -> int:
+    """As a holder: journal every unconsumed inbox item; returns how many."""
+    queued = consume(state, store.read_inbox(state.id, after_seq=state.inbox_consumed))
+    if queued:
+        batch = state.next_batch()
+        store.append(
+            state.id,
+            batch,
+            expected_seq=batch[0].seq,
+            writer=state.writer,
+            lease_token=lease.token,
+            info=state.info(),
+        )
+        state.batch_saved()
+    return len(queued)
+
+
+def comparable(entry: j.Entry) -> dict[str, Any]:
+    """An entry's fields but the writer's seal."""
+    return {k: v for k, v in j.entry_to_dict(entry).items() if k not in ("w", "h", "b")}
+
+
+def message(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "text", "text": text}]}
+
+
+# --------------------------------------------------------------------------------------------------
+# Child processes (spawned; each opens the store from its URL)
+
+
+def _post_items(url: str, run_id: str, tag: str, count: int) -> list[int]:
+    store = open_store(url)
+    seqs = []
+    for i in range(count):
+        seq = store.post(run_id, message(f"{tag}-{i}"), item_id=f"{tag}-{i}")
+        if store.post(run_id, message(f"{tag}-{i}"), item_id=f"{tag}-{i}") != seq:  # a retried post
+            raise AssertionError(f"a retried post of {tag}-{i} got another inbox_seq")
+        seqs.append(seq)
+    store.close()
+    return seqs
+
+
+def _claim_once(url: str, run_id: str, start: Any, done: Any, results: Any) -> None:
+    store = open_store(url)
+    start.wait(30)
+    try:
+        lease = store.claim(run_id, Owner.here())
+    except RunBusyError:
+        results.put("busy")
+        done.wait(30)
+        return
+    results.put(f"won {lease.token}")
+    done.wait(30)  # hold it until every other process has tried
+    store.abandon(lease)
+    store.close()
+
+
+def _claim_all(url: str, agents: list[str], done: Any, results: Any) -> None:
+    store = open_store(url)
+    claimed = []
+    while (lease := store.claim_next(Owner.here(), agents=agents)) is not None:
+        claimed.append(lease.run_id)
+    results.put(claimed)
+    done.wait(60)  # keep every lease until every process is done claiming
+    store.close()
+
+
+def _hold_and_die(url: str, run_id: str, token_file: str) -> None:
+    store = open_store(url)
+    state = started(run_id)
+    lease = store.create(run_id, state.next_batch(), state.info(), owner=Owner.here(state.writer), ttl=1.0)
+    assert lease is not None
+    Path(token_file).write_text(str(lease.token))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _token(lease: Lease | None) -> int | None:
+    return lease.token if lease else None
+
+
+def _wait_until(condition: Any, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not so after {seconds}s")
+        time.sleep(0.02)
+
+
+class ConformanceBase:
+    """What every case of ``StoreConformance`` uses: the store under test, a second holder, the skips."""
+
+    multiprocess_skip_reason: str | None = None
+    """Set to skip the cases that run several processes (a store that lives in one process)."""
+
+    def make_store(self, tmp_path: Path) -> Store:
+        """A new, empty store for one test."""
+        raise NotImplementedError("Fix: implement make_store(self, tmp_path) in your test class")
+
+    def store_url(self, tmp_path: Path) -> str:
+        """The URL of ``make_store(tmp_path)``'s storage, for ``tether.open_store`` in child processes."""
+        raise NotImplementedError("Fix: implement store_url(self, tmp_path), or set multiprocess_skip_reason")
+
+    def reopen(self, store: Store, tmp_path: Path) -> Store:
+        """A second store object on the same storage (another holder); the same object for a MemoryStore."""
+        return open_store(self.store_url(tmp_path))
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Iterator[Store]:
+        made = self.make_store(tmp_path)
+        yield made
+        made.close()
+
+    @pytest.fixture
+    def other(self, store: Store, tmp_path: Path) -> Iterator[Store]:
+        made = self.reopen(store, tmp_path)
+        yield made
+        if made is not store:
+            made.close()
+
+    def needs_processes(self) -> None:
+        if self.multiprocess_skip_reason:
+            pytest.skip(self.multiprocess_skip_reason)
+
+    @staticmethod
+    def needs_ttl(store: Store) -> None:
+        _, lease = make_run(store, "ttl-probe", held=True, ttl=30.0, agent="ttl-probe")
+        assert lease is not None
+        store.abandon(lease)
+        store.delete("ttl-probe")
+        if lease.expires_at is None:
+            pytest.skip(
+                "lease expiry applies to ttl stores; this store's lease is a lock the OS drops (no ttl)"
+            )

@@ -1,0 +1,151 @@
+"""PostgresStore's schema, SQL fragments and pure helpers (see ``tether.stores.postgres``).
+
+psycopg is imported here too: import this module only through ``tether.stores.postgres``.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import orjson
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.types.json import Jsonb
+
+from ... import journal as j
+from ...errors import LeaseLostError, TetherError
+from .. import base
+from ..base import Owner, RunInfo
+
+Conn = psycopg.Connection[Any]
+
+CHANNEL = "tether_work"
+"""The NOTIFY channel: posts, submitted runs, runs released with work left (payload: the root's id)."""
+
+WORK = "parent_id IS NULL AND (status IN ('running', 'waiting') OR inbox_len > inbox_consumed + 1)"
+"""Roots that may need work; the partial index ``runs_work`` covers exactly these (its text must match)."""
+LIVE = "(lease_owner IS NOT NULL AND lease_expires_at > now())"
+FREE = "(lease_owner IS NULL OR lease_expires_at <= now())"
+NEEDS = (
+    "(status = 'running' OR inbox_len > inbox_consumed + 1 OR (status = 'waiting' AND EXISTS (SELECT 1 "
+    "FROM runs AS c WHERE c.root_id = r.id AND c.parent_id IS NOT NULL AND (c.lease_owner IS NULL OR "
+    "c.lease_expires_at <= now()) AND (c.inbox_len > c.inbox_consumed + 1 OR (c.status <> 'waiting' AND "
+    "c.updated_at > r.updated_at)))))"
+)
+"""A root needing work (``Store.claim_next``): running, with unconsumed items, or waiting on a free run of
+its tree that has unconsumed items or moved on since the root was updated."""
+EPOCH = "extract(epoch FROM lease_expires_at)::float8"
+_COLLATE = 'COLLATE "C"'
+
+MIGRATIONS: builtins.list[tuple[str, ...]] = [
+    (  # 1: the first schema
+        f"CREATE TABLE runs (id TEXT {_COLLATE} PRIMARY KEY, agent TEXT, status TEXT NOT NULL DEFAULT 'running', "
+        f"turn INTEGER NOT NULL DEFAULT 0, first_message TEXT, created_at TEXT {_COLLATE}, updated_at TEXT {_COLLATE} NOT "
+        "NULL, parent_id TEXT, root_id TEXT, info JSONB NOT NULL DEFAULT '{}', length INTEGER NOT NULL "
+        "DEFAULT 0, inbox_len INTEGER NOT NULL DEFAULT 0, inbox_consumed INTEGER NOT NULL DEFAULT -1, "
+        "lease_owner JSONB, lease_token BIGINT NOT NULL DEFAULT 0, lease_expires_at TIMESTAMPTZ)",
+        "CREATE TABLE entries (run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, "
+        "seq INTEGER NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (run_id, seq))",
+        "CREATE TABLE inbox (run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, inbox_seq INTEGER "
+        "NOT NULL, item_id TEXT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (run_id, inbox_seq), "
+        "UNIQUE (run_id, item_id))",
+        "CREATE INDEX runs_updated ON runs (updated_at DESC, id DESC)",
+        "CREATE INDEX runs_status ON runs (status, updated_at DESC, id DESC)",
+        "CREATE INDEX runs_agent ON runs (agent, updated_at DESC, id DESC)",
+        "CREATE INDEX runs_parent ON runs (parent_id, updated_at DESC, id DESC)",
+        "CREATE INDEX runs_root ON runs (root_id, updated_at DESC, id DESC)",
+        f"CREATE INDEX runs_work ON runs (updated_at, id) WHERE {WORK}",
+    ),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+"""The schema this tether writes; a database with a higher version in ``tether_schema`` is refused."""
+
+LISTED = (
+    "id, agent, status, first_message, created_at, updated_at, turn, parent_id, root_id, lease_owner, "
+    f"{EPOCH}, {LIVE}, length, inbox_len, inbox_consumed"
+)
+SET_LISTING = (
+    "agent = %s, status = %s, turn = %s, first_message = %s, created_at = %s, updated_at = %s, "
+    "parent_id = %s, root_id = %s, info = %s"
+)
+
+
+class PostgresUnavailableError(TetherError, ConnectionError):
+    """The server could not be reached (or kept dropping the connection) for ``retry_timeout`` seconds."""
+
+
+def clean(value: Any) -> Any:
+    """Drop NUL characters, which PostgreSQL text and JSONB cannot hold (listing fields only)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    return [*map(clean, value)] if isinstance(value, builtins.list | tuple) else value
+
+
+def as_json(value: Any) -> Jsonb:
+    return Jsonb(clean(value), dumps=lambda obj: orjson.dumps(obj, default=str).decode())
+
+
+def holding(raw: Any, live: bool) -> Owner | None:
+    """The lease's owner while it holds: unexpired, and not a process of this host known to be dead."""
+    owner = Owner.from_dict(raw) if raw is not None and live else None
+    return None if owner is None or base.pid_alive(owner.pid, owner.host) is False else owner
+
+
+def redact(dsn: str) -> str:
+    """The DSN as a ``postgresql://`` URL without its password (parameters sorted)."""
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None and k != "password"}
+    user, host, port, dbname = (params.pop(k, "") for k in ("user", "host", "port", "dbname"))
+    if host.startswith("/") or "," in host:  # a socket folder or several hosts: kept as parameters
+        params.update(host=host, **({"port": port} if port else {}))
+        host = port = ""
+    netloc = (f"{quote(user, safe='')}@" if user else "") + host + (f":{port}" if port else "")
+    query = urlencode(sorted(params.items()))
+    return f"postgresql://{netloc}/{quote(dbname, safe='')}" + (f"?{query}" if query else "")
+
+
+def listing_of(info: dict[str, Any]) -> tuple[Any, ...]:
+    """The listing columns from the writer's info: agent … root_id, then the info JSON."""
+    return (
+        clean(info.get("agent")), str(info.get("status") or "running"), int(info.get("turn") or 0),
+        clean(info.get("first_message")), info.get("created_at"), info.get("updated_at") or j.now_iso(),
+        clean(info.get("parent_id")), clean(info.get("root_id")), as_json(info),
+    )  # fmt: skip
+
+
+def info_of(row: Sequence[Any]) -> RunInfo:
+    owner = holding(row[9], row[11])
+    return RunInfo(
+        id=row[0], agent=row[1], status=row[2], first_message=row[3], created_at=row[4], updated_at=row[5],
+        turn=int(row[6]), parent_id=row[7], root_id=row[8],
+        lease_owner=f"{owner.host}:{owner.pid}" if owner else None, lease_expires_at=row[10] if owner else None,
+        length=int(row[12]), inbox_len=int(row[13]), inbox_consumed=int(row[14]),
+    )  # fmt: skip
+
+
+def lost(run_id: str, token: int | None, current: int | None) -> LeaseLostError:
+    now = "" if current is None else f", current {current}"
+    return LeaseLostError(f"run {run_id} is no longer held by this writer (token {token}{now}; released, expired "
+                          "or taken over). Fix: stop writing; claim the run again and reload it", run_id=run_id)  # fmt: skip
+
+
+def schema_version(conn: Conn, attempt: int = 0) -> int:
+    exists = conn.execute("SELECT to_regclass('tether_schema') IS NOT NULL").fetchone()
+    row = (
+        conn.execute("SELECT coalesce(max(version), 0) FROM tether_schema").fetchone()
+        if exists and exists[0]
+        else None
+    )
+    return int(row[0]) if row else 0
+
+
+def refuse_newer(identity: str, version: int) -> None:
+    if version > SCHEMA_VERSION:
+        raise TetherError(f"{identity} was written by a newer tether (schema {version}; this tether knows up to "
+                          f"{SCHEMA_VERSION}). Fix: upgrade tether")  # fmt: skip

@@ -1,0 +1,596 @@
+"""SQLiteStore: runs in one SQLite file, on the standard library's ``sqlite3`` (DESIGN 8.2, DURABILITY 2-4).
+
+Three tables (schema version in ``PRAGMA user_version``, migrations applied in order at open):
+
+- ``runs``: one row per run with the listing record (agent, status, turn, first message, times, parent,
+  root, and the writer's whole ``info`` as JSON), ``length`` (entries), ``inbox_len`` (posted items),
+  ``inbox_consumed`` (the highest ``inbox_seq`` journaled) and the lease (``lease_owner`` JSON,
+  ``lease_token``, ``lease_expires_at`` in epoch seconds of this machine's clock).
+- ``entries``: ``(run_id, seq, body)``, the body being ``encode_entry(entry)``.
+- ``inbox``: ``(run_id, inbox_seq, item_id, body)``, the body being ``InboxItem.to_dict()`` as JSON.
+
+Connections use WAL, ``synchronous=FULL``, a busy timeout and ``isolation_level=None``; every write is
+``BEGIN IMMEDIATE … COMMIT``, so posts, appends, claims and releases on one run serialize on the database's
+write lock and each is all or nothing. Numbers (``seq``, ``inbox_seq``, the fencing token) come from
+counters on the run's row, never from AUTOINCREMENT. The fence of an append is the ``UPDATE`` of that row
+(token, length and an unexpired lease in its ``WHERE``), in the transaction that inserts the entries. One
+connection per thread (and per process, after a fork).
+
+Listing reads indexes in ``(updated_at DESC, id DESC)`` order (per status, agent, parent and root too), so the
+newest page costs the same at any size; ``claim_next`` reads the partial index ``runs_work`` of roots that
+may need work; ``claim_next``, ``delete`` and ``prune`` each decide and write in one write transaction.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ... import journal as j
+from ...errors import ConflictError, CorruptJournalError, LeaseLostError, RunNotFoundError, TetherError
+from ...inbox import InboxItem, make_item
+from .. import _failpoints as fp
+from .._listing import ListQuery
+from ..base import (
+    STOPPED,
+    Lease,
+    Owner,
+    RunInfo,
+    Store,
+    as_cutoff,
+    busy_error,
+    check_batch,
+    check_prune_statuses,
+    delete_children_error,
+    delete_subagent_error,
+    pid_alive,
+)
+from ._schema import FREE as _FREE
+from ._schema import HELD as _HELD
+from ._schema import LISTED as _LISTED
+from ._schema import MIGRATIONS as _MIGRATIONS
+from ._schema import NEXT as _NEXT
+from ._schema import SCHEMA_VERSION
+
+__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
+
+log = logging.getLogger(__name__)
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that can be weakly referenced: one of a finished thread goes with the thread."""
+
+
+def _live(owner: str | None, expires: float | None, now: float) -> bool:
+    return owner is not None and (expires is None or expires > now)
+
+
+def _holding(raw: str | None, expires: float | None, now: float) -> Owner | None:
+    """The lease's owner while it holds: unexpired, and not a process of this host known to be dead."""
+    if not _live(raw, expires, now):
+        return None
+    owner = Owner.from_dict(orjson.loads(raw or "{}"))
+    return None if pid_alive(owner.pid, owner.host) is False else owner
+
+
+def _all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    with contextlib.closing(conn.execute(sql, params)) as cur:  # never leave a statement open
+        return cur.fetchall()
+
+
+def _one(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
+    return next(iter(_all(conn, sql, params)), None)
+
+
+class SQLiteStore(Store):
+    """Runs in one SQLite file; safe for many threads and processes of one machine.
+
+    A lease holds until it expires (by this machine's clock) or, sooner, until its holder's process is
+    known to be dead (same host, no such pid): a run whose driver was killed can be resumed at once.
+
+    Args:
+        path: the database file (created 0600, with its folder 0700, when missing).
+        ttl: the default lease length in seconds (a holder renews every ttl/4).
+        busy_timeout_ms: how long a write waits for another writer's transaction.
+
+    Raises:
+        TetherError: the file was written by a newer tether (a newer schema).
+    """
+
+    ttl: float | None = 30.0
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, ttl: float = 30.0, busy_timeout_ms: int = 5000
+    ) -> None:
+        super().__init__()
+        self.ttl = ttl
+        self.busy_timeout_ms = int(busy_timeout_ms)
+        target = Path(path).expanduser().absolute()
+        if not target.parent.exists():
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(target.parent, 0o700)
+        self.path = target.resolve()
+        created = not self.path.exists()
+        if created:
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        self._local = threading.local()
+        self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self._conns_lock = threading.Lock()
+        try:
+            self._migrate(self._conn())
+        except sqlite3.DatabaseError as exc:  # not a database, a folder, no permission, locked too long
+            raise TetherError(f"{self.path} is not a usable store ({exc}). Fix: check the path") from exc
+        if created:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    os.chmod(f"{self.path}{suffix}", 0o600)
+
+    # --- Connections and transactions
+    @property
+    def identity(self) -> str:
+        return f"sqlite:///{self.path}"
+
+    def _conn(self) -> sqlite3.Connection:
+        """This thread's connection (a new one in a forked child)."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            return conn
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None, factory=_Connection
+        )
+        conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+        mode = _one(conn, "PRAGMA journal_mode = WAL")[0]  # kept in the file; waits out other writers
+        if str(mode).lower() != "wal":
+            raise TetherError(f"{self.path} cannot use WAL (mode {mode}). Fix: put it on a local disk")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        self._local.conn, self._local.pid = conn, os.getpid()
+        with self._conns_lock:
+            self._conns.add(conn)
+        return conn
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: ``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any error."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Bring the schema to ``SCHEMA_VERSION``, or refuse a newer one."""
+        version = _one(conn, "PRAGMA user_version")[0]
+        if version == SCHEMA_VERSION:
+            return
+        with self._write():
+            version = _one(conn, "PRAGMA user_version")[0]
+            if version > SCHEMA_VERSION:
+                raise TetherError(
+                    f"{self.path} was written by a newer tether (schema {version}; this tether knows up to "
+                    f"{SCHEMA_VERSION}). Fix: upgrade tether"
+                )
+            for statements in _MIGRATIONS[version:]:
+                for sql in statements:
+                    conn.execute(sql)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        """Close this store's connections (those of other threads as far as sqlite3 allows)."""
+        with self._conns_lock:
+            conns, self._conns = list(self._conns), weakref.WeakSet()
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        self._local = threading.local()
+        super().close()
+
+    # --- Runs and the journal
+    def _row(self, conn: sqlite3.Connection, run_id: str, columns: str) -> Any:
+        row = _one(conn, f"SELECT {columns} FROM runs WHERE id = ?", (run_id,))
+        if row is None:
+            raise RunNotFoundError(run_id)
+        return row
+
+    def _lease(
+        self, run_id: str, token: int, owner: Owner, ttl: float | None
+    ) -> tuple[str, float | None, Lease]:
+        ttl = self.ttl if ttl is None else ttl
+        expires = time.time() + ttl if ttl is not None else None
+        return orjson.dumps(owner.to_dict()).decode(), expires, Lease(run_id, token, owner, expires, ttl)
+
+    def create(
+        self,
+        run_id: str,
+        entries: Sequence[j.Entry],
+        info: dict[str, Any],
+        *,
+        owner: Owner | None = None,
+        ttl: float | None = None,
+    ) -> Lease | None:
+        j.validate_run_id(run_id)
+        check_batch(run_id, entries, 0)
+        owner_json, expires, lease = self._lease(run_id, 1, owner, ttl) if owner else (None, None, None)
+        try:
+            with self._write() as conn:
+                conn.execute(
+                    "INSERT INTO runs (id, agent, status, turn, first_message, created_at, updated_at, "
+                    "parent_id, root_id, info, length, inbox_consumed, lease_owner, lease_token, "
+                    "lease_expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, *self._listing(info), len(entries), int(info.get("inbox_consumed", -1)),
+                     owner_json, 1 if owner is not None else 0, expires),
+                )  # fmt: skip
+                self._insert(conn, run_id, entries)
+        except sqlite3.IntegrityError:
+            raise ValueError(
+                f"run {run_id} already exists. Fix: store.load({run_id!r}), or pick another id"
+            ) from None
+        return lease
+
+    @staticmethod
+    def _listing(info: dict[str, Any]) -> tuple[Any, ...]:
+        """The listing columns from the writer's info: agent … root_id, then the info JSON."""
+        return (
+            info.get("agent"), str(info.get("status") or "running"), int(info.get("turn") or 0),
+            info.get("first_message"), info.get("created_at"), info.get("updated_at") or j.now_iso(),
+            info.get("parent_id"), info.get("root_id"), orjson.dumps(info, default=str).decode(),
+        )  # fmt: skip
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, run_id: str, entries: Iterable[j.Entry]) -> None:
+        conn.executemany(
+            "INSERT INTO entries (run_id, seq, body) VALUES (?, ?, ?)",
+            [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries],
+        )
+
+    def append(
+        self,
+        run_id: str,
+        entries: Sequence[j.Entry],
+        *,
+        expected_seq: int,
+        writer: str,
+        lease_token: int | None,
+        info: dict[str, Any],
+    ) -> None:
+        if entries:
+            check_batch(run_id, entries, expected_seq)
+        with self._write() as conn:
+            now = time.time()
+            n, token, owner, expires = self._row(conn, run_id, _HELD)
+            if lease_token != token or not _live(owner, expires, now):
+                raise self._lost(run_id, lease_token, token)
+            if not entries:
+                return
+            if expected_seq > n:
+                raise ConflictError(
+                    f"run {run_id}: append at seq {expected_seq} leaves a gap after {n} entries. Fix: "
+                    "store.load(id) again",
+                    run_id=run_id,
+                    seq=n,
+                )
+            k = min(len(entries), n - expected_seq)
+            if k:
+                stored = _all(
+                    conn,
+                    "SELECT seq, body FROM entries WHERE run_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
+                    (run_id, expected_seq, expected_seq + k),
+                )
+                for (seq, body), entry in zip(stored, entries, strict=False):
+                    obj = orjson.loads(body)
+                    if obj.get("w") != entry.w or obj.get("h") != entry.h:
+                        raise self.conflict(run_id, seq, j.decode_entry(body, run_id))
+            new = entries[k:]
+            if not new:
+                return
+            if fp.ACTIVE and fp.hits("before_append", new):
+                fp.die()
+            cur = conn.execute(
+                "UPDATE runs SET agent = ?, status = ?, turn = ?, first_message = ?, created_at = ?, "
+                "updated_at = ?, parent_id = ?, root_id = ?, info = ?, length = ?, inbox_consumed = ? "
+                "WHERE id = ? AND length = ? AND lease_token = ? AND lease_owner IS NOT NULL "
+                "AND (lease_expires_at IS NULL OR lease_expires_at > ?)",
+                (*self._listing(info), n + len(new), int(info.get("inbox_consumed", -1)),
+                 run_id, n, lease_token, now),
+            )  # fmt: skip
+            if cur.rowcount != 1:  # cannot happen under the write lock; the fence is here all the same
+                raise self._lost(run_id, lease_token, token)
+            self._insert(conn, run_id, new)
+            if fp.ACTIVE and fp.hits("torn_append", new):
+                fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
+        if fp.ACTIVE and fp.hits("after_append", new):
+            fp.die()
+
+    @staticmethod
+    def _lost(run_id: str, token: int | None, current: int | None) -> LeaseLostError:
+        now = "" if current is None else f", current {current}"
+        return LeaseLostError(
+            f"run {run_id} is no longer held by this writer (token {token}{now}; released, expired or taken "
+            "over). Fix: stop writing; claim the run again and reload it",
+            run_id=run_id,
+        )
+
+    def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
+        after_seq = max(after_seq, -1)
+        conn = self._conn()
+        rows = _all(
+            conn,
+            "SELECT seq, body FROM entries WHERE run_id = ? AND seq = 0 UNION ALL "
+            "SELECT seq, body FROM entries WHERE run_id = ? AND seq > ? ORDER BY seq",
+            (run_id, run_id, max(after_seq, 0)),
+        )
+        if not rows:
+            self._row(conn, run_id, "1")
+            return []
+        if after_seq < 0:
+            return j.decode_journal(run_id, (body for _, body in rows))
+        first = orjson.loads(rows[0][1]) if rows[0][0] == 0 else {}  # run_started: the journal's version
+        version = first.get("version", j.FORMAT_VERSION)
+        out: list[j.Entry] = []
+        for expected, (_, body) in enumerate((r for r in rows if r[0] > after_seq), start=after_seq + 1):
+            entry = j.decode_entry(body, run_id, journal_version=version)
+            if entry.seq != expected:
+                raise CorruptJournalError(run_id, entry.seq, f"expected seq {expected} here")
+            out.append(entry)
+        return out
+
+    def length(self, run_id: str) -> int:
+        return int(self._row(self._conn(), run_id, "length")[0])
+
+    # --- The inbox
+    def post(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int:
+        item_id = item_id or str(item.get("item_id") or uuid.uuid4().hex)
+        made = make_item(item, inbox_seq=0, item_id=item_id)  # checks the type before any write
+        with self._write() as conn:
+            found = _one(
+                conn, "SELECT inbox_seq FROM inbox WHERE run_id = ? AND item_id = ?", (run_id, item_id)
+            )
+            if found is not None:
+                return int(found[0])
+            row = _one(
+                conn, "UPDATE runs SET inbox_len = inbox_len + 1 WHERE id = ? RETURNING inbox_len", (run_id,)
+            )
+            if row is None:
+                raise RunNotFoundError(run_id)
+            seq = int(row[0]) - 1
+            body = {**made.to_dict(), "inbox_seq": seq}
+            conn.execute(
+                "INSERT INTO inbox (run_id, inbox_seq, item_id, body) VALUES (?, ?, ?, ?)",
+                (run_id, seq, item_id, orjson.dumps(body)),
+            )
+        return seq
+
+    def read_inbox(self, run_id: str, after_seq: int = -1) -> list[InboxItem]:
+        conn = self._conn()
+        rows = _all(
+            conn,
+            "SELECT body FROM inbox WHERE run_id = ? AND inbox_seq > ? ORDER BY inbox_seq",
+            (run_id, after_seq),
+        )
+        if not rows:
+            self._row(conn, run_id, "1")
+        return [InboxItem.from_dict(orjson.loads(body)) for (body,) in rows]
+
+    def inbox_length(self, run_id: str) -> int:
+        return int(self._row(self._conn(), run_id, "inbox_len")[0])
+
+    # --- Leases
+    def _take(self, conn: sqlite3.Connection, run_id: str, owner: Owner, ttl: float | None) -> Lease:
+        owner_json, expires, _ = self._lease(run_id, 0, owner, ttl)
+        (token,) = _one(
+            conn,
+            "UPDATE runs SET lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ? "
+            "WHERE id = ? RETURNING lease_token",
+            (owner_json, expires, run_id),
+        )
+        return Lease(run_id, int(token), owner, expires, ttl if ttl is not None else self.ttl)
+
+    def claim(self, run_id: str, owner: Owner, ttl: float | None = None) -> Lease:
+        with self._write() as conn:
+            held, expires = self._row(conn, run_id, "lease_owner, lease_expires_at")
+            if holder := _holding(held, expires, time.time()):
+                raise busy_error(run_id, holder)
+            return self._take(conn, run_id, owner, ttl)
+
+    def claim_next(
+        self, owner: Owner, ttl: float | None = None, agents: Collection[str] | None = None
+    ) -> Lease | None:
+        """Claim the root of a tree that needs work (see ``Store.claim_next``), in one write transaction.
+
+        The candidates come from the partial index ``runs_work``, oldest update first. A lease counts as
+        held until it expires here (a dead holder's lease on this host is not looked into).
+        """
+        names = None if agents is None else list(agents)
+        if names is not None and not names:
+            return None
+        now = time.time()
+        sql = _NEXT
+        params: list[Any] = [now, now]
+        if names is not None:
+            sql += f" AND agent IN ({', '.join('?' * len(names))})"
+            params += names
+        with self._write() as conn:
+            row = _one(conn, sql + " ORDER BY updated_at, id LIMIT 1", params)
+            return None if row is None else self._take(conn, row[0], owner, ttl)
+
+    def renew(self, lease: Lease) -> Lease:
+        _, expires, renewed = self._lease(lease.run_id, lease.token, lease.owner, lease.ttl)
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE runs SET lease_expires_at = ? "
+                "WHERE id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
+                (expires, lease.run_id, lease.token),
+            )
+            if cur.rowcount != 1:
+                raise self._lost(lease.run_id, lease.token, None)
+        return renewed
+
+    def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
+                "WHERE id = ? AND lease_token = ? AND length = ? AND inbox_len = ?",
+                (lease.run_id, lease.token, at_seq, inbox_len),
+            )
+            if cur.rowcount == 1:
+                return True
+            (token,) = self._row(conn, lease.run_id, "lease_token")
+            return bool(token != lease.token)  # taken over: nothing of ours to release
+
+    def abandon(self, lease: Lease) -> None:
+        try:
+            with self._write() as conn:
+                conn.execute(
+                    "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
+                    "WHERE id = ? AND lease_token = ?",
+                    (lease.run_id, lease.token),
+                )
+        except Exception as exc:  # never raises: the lease expires on its own
+            log.warning("abandoning run %s failed: %s", lease.run_id, exc)
+
+    def holder(self, run_id: str) -> Owner | None:
+        held, expires = self._row(self._conn(), run_id, "lease_owner, lease_expires_at")
+        return _holding(held, expires, time.time())
+
+    # --- Listing and removal
+    @staticmethod
+    def _remove(conn: sqlite3.Connection, run_ids: Sequence[str]) -> None:
+        """Delete runs; their entries and inbox go with them (``ON DELETE CASCADE``, ``foreign_keys=ON``)."""
+        conn.executemany("DELETE FROM runs WHERE id = ?", [(run_id,) for run_id in run_ids])
+
+    def delete(self, run_id: str, *, children: bool = False) -> None:
+        j.validate_run_id(run_id)
+        with self._write() as conn:
+            parent_id, root_id = self._row(conn, run_id, "parent_id, root_id")
+            if parent_id is not None and _one(conn, "SELECT 1 FROM runs WHERE id = ?", (parent_id,)):
+                raise delete_subagent_error(run_id, parent_id, root_id)
+            kids = [
+                row[0]
+                for row in _all(
+                    conn,
+                    "WITH RECURSIVE tree(id) AS (SELECT id FROM runs WHERE parent_id = ? UNION "
+                    "SELECT runs.id FROM runs JOIN tree ON runs.parent_id = tree.id) SELECT id FROM tree",
+                    (run_id,),
+                )
+                if row[0] != run_id
+            ]
+            if kids and not children:
+                raise delete_children_error(run_id, len(kids))
+            now = time.time()
+            for rid in [run_id, *sorted(kids)]:
+                held, expires = self._row(conn, rid, "lease_owner, lease_expires_at")
+                if holder := _holding(held, expires, now):
+                    raise busy_error(rid, holder)
+            self._remove(conn, [run_id, *kids])
+
+    def prune(
+        self,
+        older_than: datetime | timedelta | str,
+        *,
+        statuses: Sequence[str] = STOPPED,
+        children: bool = False,
+        dry_run: bool = False,
+    ) -> builtins.list[str]:
+        """Delete old stopped trees (see ``Store.prune``) in one write transaction; return their ids."""
+        wanted = check_prune_statuses(statuses)
+        cutoff = as_cutoff(older_than)
+        now = time.time()
+        marks = ", ".join("?" * len(wanted))
+        stops = ", ".join(f"'{status}'" for status in STOPPED)
+        if children:
+            kids = (
+                "NOT EXISTS (SELECT 1 FROM runs AS c WHERE c.root_id = r.id AND c.id <> r.id AND "
+                f"(c.status NOT IN ({stops}) OR NOT (c.lease_owner IS NULL OR "
+                "COALESCE(c.lease_expires_at <= ?, 0))))"
+            )
+            kid_params: list[Any] = [now]
+        else:
+            kids = "NOT EXISTS (SELECT 1 FROM runs AS c WHERE c.root_id = r.id AND c.id <> r.id)"
+            kid_params = []
+        sql = (
+            f"SELECT id FROM runs AS r WHERE parent_id IS NULL AND status IN ({marks}) AND updated_at < ? "
+            f"AND {_FREE} AND inbox_len <= inbox_consumed + 1 AND {kids} ORDER BY updated_at, id"
+        )
+        with self._write() as conn:
+            ids: builtins.list[str] = []
+            for (root,) in _all(conn, sql, [*wanted, cutoff, now, *kid_params]):
+                ids.append(root)
+                rows = _all(
+                    conn,
+                    "SELECT id FROM runs WHERE root_id = ? AND id <> ? ORDER BY updated_at, id",
+                    (root, root),
+                )
+                ids.extend(row[0] for row in rows)
+            if ids and not dry_run:
+                self._remove(conn, ids)
+        return ids
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        updated_before: datetime | str | None = None,
+        updated_after: datetime | str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> builtins.list[RunInfo]:
+        query = ListQuery.of(
+            status=status,
+            agent=agent,
+            parent_id=parent_id,
+            root_id=root_id,
+            updated_before=updated_before,
+            updated_after=updated_after,
+            cursor=cursor,
+        )
+        here = query.cursor
+        where: builtins.list[str] = [f"{column} = ?" for column in query.equal]
+        params: builtins.list[Any] = list(query.equal.values())
+        for op, bound in (("<", query.before), (">", query.after), (">", here.since)):
+            if bound is not None:
+                where.append(f"updated_at {op} ?")
+                params.append(bound)
+        if here.id is not None:  # the keyset: before (at, id), newest first
+            where.append("updated_at <= ? AND (updated_at < ? OR id < ?)")
+            params += [here.at, here.at, here.id]
+        sql = f"SELECT {_LISTED} FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = _all(
+            self._conn(), sql + " ORDER BY updated_at DESC, id DESC LIMIT ?", [*params, max(int(limit), 0)]
+        )
+        now = time.time()
+        out: list[RunInfo] = []
+        for row in rows:
+            owner = _holding(row[9], row[10], now)
+            out.append(
+                RunInfo(
+                    id=row[0], agent=row[1], status=row[2], first_message=row[3], created_at=row[4],
+                    updated_at=row[5], turn=int(row[6]), parent_id=row[7], root_id=row[8],
+                    lease_owner=f"{owner.host}:{owner.pid}" if owner else None,
+                    lease_expires_at=row[10] if owner else None,
+                    length=int(row[11]), inbox_len=int(row[12]), inbox_consumed=int(row[13]),
+                )
+            )  # fmt: skip
+        return out

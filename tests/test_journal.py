@@ -109,7 +109,7 @@ def test_unknown_kind_and_unknown_field_are_corruption() -> None:
     obj = orjson.loads(j.encode_entry(entry))
     for change in ({"kind": "tool_exploded"}, {"surprise": 1}):
         bad = {**obj, **change}
-        bad["h"] = j._checksum(bad)
+        bad["h"] = j.checksum(bad)
         with pytest.raises(CorruptJournalError, match=rf"run {RUN} seq 0"):
             j.decode_entry(orjson.dumps(bad), RUN)
 
@@ -123,7 +123,7 @@ def test_seqs_must_count_from_zero_without_gaps() -> None:
 
 def _newer(entry: j.Entry, **change: object) -> bytes:
     obj = {**orjson.loads(j.encode_entry(entry)), **change}
-    obj["h"] = j._checksum(obj)
+    obj["h"] = j.checksum(obj)
     return orjson.dumps(obj)
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .journal import RETRY_EFFECTS
+
 __all__ = ["ABORTED_UNKNOWN", "Action", "CallRecord", "DecisionRecord", "OpenCall", "PendingApproval"]
 
 Action = Literal["run", "retry", "abort", "deny", "wait", "resume_child"]
 
-_RESUMABLE_RETRY = frozenset({"read_only", "idempotent"})
 ABORTED_UNKNOWN = (
     "unknown: the run stopped before this result was saved, so the tool may or may not have run. Check "
     "whether it took effect before relying on it or running it again"
@@ -91,7 +92,7 @@ class CallRecord:
             return "run", "never started"
         if self.effect == "resumable":
             return "resume_child", "its subagent run is resumed"
-        if self.effect in _RESUMABLE_RETRY:
+        if self.effect in RETRY_EFFECTS:
             limit = self.max_attempts or 3
             if self.attempt >= limit:
                 return "abort", f"gave up after {self.attempt} attempts, each cut off"

@@ -211,7 +211,7 @@ _PLANS = {
 def next_step(state: State) -> str:
     """What ``resume`` would do with the run now, in one sentence (DESIGN 7)."""
     status = state.status
-    if status in ("completed", "cancelled"):
+    if status in j.FINAL_STATUSES:
         return f"return it as it is ({status}): no model call, no tool, nothing written"
     if status == "failed":
         return f"ask the model again (the run failed: {truncate(state.reason or 'no reason given', 56)})"

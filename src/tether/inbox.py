@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import journal as j
+from .messages import text_block as _text
 from .state import State
 
 __all__ = ["InboxItem", "ItemType", "consume", "make_item", "skip_all"]
@@ -128,7 +129,7 @@ def _decision(state: State, item: InboxItem) -> list[j.Entry]:
     body = item.body
     call_id = str(body.get("call_id", ""))
     call = state.call(call_id)
-    if state.status in ("completed", "failed", "cancelled", "stopped"):
+    if state.status in j.STOP_STATUSES:
         return [_skip(state, item, f"run {state.status}")]
     if call is None:
         return [_skip(state, item, f"no call {call_id}")]
@@ -185,7 +186,7 @@ def _message(state: State, item: InboxItem) -> j.Entry:
 
 
 def _cancel(state: State, item: InboxItem) -> list[j.Entry]:
-    if state.status in ("completed", "failed", "cancelled", "stopped"):
+    if state.status in j.STOP_STATUSES:
         return [_skip(state, item, f"run already {state.status}")]
     by = item.body.get("by")
     out = [state.queue(j.CancelRequested, by=by, inbox_seq=item.inbox_seq)]
@@ -214,7 +215,3 @@ def close_open_calls(state: State, why: str) -> list[j.Entry]:
                 state.queue(j.ToolFinished, call_id=call.call_id, outcome="aborted", content=[_text(text)])
             )
     return out
-
-
-def _text(text: str) -> dict[str, Any]:
-    return {"type": "text", "text": text}

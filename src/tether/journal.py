@@ -17,14 +17,19 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import orjson
 
 from .errors import CorruptJournalError, NewerFormatError
 
 __all__ = [
+    "EFFECTS",
+    "FINAL_STATUSES",
     "FORMAT_VERSION",
+    "OUTCOMES",
+    "RETRY_EFFECTS",
+    "STOP_STATUSES",
     "AgentChanged",
     "ApprovalDecided",
     "ApprovalRequested",
@@ -32,18 +37,22 @@ __all__ = [
     "CancelRequested",
     "ChildWaiting",
     "Compacted",
+    "Effect",
     "Entry",
     "InboxSkipped",
     "MessageAdded",
     "ModelFailed",
     "ModelReplied",
+    "Outcome",
     "RunReleased",
     "RunResumed",
     "RunStarted",
     "RunStopped",
+    "Status",
     "ToolFinished",
     "ToolStarted",
     "call_id_for",
+    "checksum",
     "decode_entry",
     "decode_journal",
     "encode_entry",
@@ -58,6 +67,31 @@ __all__ = [
 
 FORMAT_VERSION = 1
 """The journal format this tether writes; it reads this one and every older one."""
+
+# --------------------------------------------------------------------------------------------------
+# Vocabulary: the one definition of each set of words the journal records
+
+Status = Literal["running", "waiting", "completed", "failed", "cancelled", "stopped"]
+"""A run's status as the fold tells it (DESIGN 7)."""
+
+STOP_STATUSES: tuple[str, ...] = ("completed", "cancelled", "failed", "stopped")
+"""The statuses a ``run_stopped`` records: a run with one of them has stopped (and only these are pruned)."""
+
+FINAL_STATUSES: tuple[str, ...] = ("completed", "cancelled")
+"""The stops a resume returns as they are (DESIGN 7): nothing runs again unless the inbox reopens the run."""
+
+Outcome = Literal["done", "error", "input_error", "denied", "aborted", "cancelled"]
+"""How a call ended, as its ``tool_finished`` records it."""
+
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
+
+Effect = Literal["read_only", "idempotent", "unsafe", "resumable"]
+"""What a call does to the world; decides how a started-but-unfinished call is recovered."""
+
+EFFECTS: tuple[str, ...] = get_args(Effect)
+
+RETRY_EFFECTS = frozenset({"read_only", "idempotent"})
+"""The effects whose cut-off (or timed-out) call runs again with the same idempotency key."""
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
@@ -357,9 +391,11 @@ def entry_to_dict(entry: Entry) -> dict[str, Any]:
     return out
 
 
-def _checksum(obj: dict[str, Any]) -> str:
-    body = {k: v for k, v in obj.items() if k != "w" and k != "h"}
-    return hashlib.blake2b(orjson.dumps(body, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
+def checksum(obj: dict[str, Any]) -> str:
+    """The checksum ``h`` of an entry's JSON object: BLAKE2b-64 in hex over every field but ``w`` and ``h``."""
+    if "w" in obj or "h" in obj:
+        obj = {k: v for k, v in obj.items() if k != "w" and k != "h"}
+    return hashlib.blake2b(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
 
 
 def seal(entries: Sequence[Entry], writer: str) -> list[Entry]:
@@ -371,7 +407,7 @@ def seal(entries: Sequence[Entry], writer: str) -> list[Entry]:
         body["b"] = last - j
         body.pop("w", None)
         body.pop("h", None)
-        digest = hashlib.blake2b(orjson.dumps(body, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
+        digest = checksum(body)
         del body["kind"]
         # Made from its JSON object, as a load makes it: a field left out (None) takes its default.
         sealed.append(type(entry)(**body, w=writer, h=digest))
@@ -423,8 +459,7 @@ def decode_entry(
         raise NewerFormatError(run_id, seq, version, FORMAT_VERSION)
     h = obj.pop("h", None)
     w = obj.pop("w", "")
-    digest = hashlib.blake2b(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
-    if h != digest:
+    if h != checksum(obj):
         raise CorruptJournalError(run_id, seq, "the entry fails its checksum")
     while version < FORMAT_VERSION:
         obj = _MIGRATIONS[version](obj)

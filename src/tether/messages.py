@@ -15,9 +15,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
-__all__ = ["Message", "Role", "text_of"]
+__all__ = ["Message", "Role", "text_block", "text_of"]
 
 Role = Literal["user", "assistant", "tool", "system"]
+
+
+def text_block(text: str) -> dict[str, Any]:
+    """A text content block: ``{"type": "text", "text": text}``."""
+    return {"type": "text", "text": text}
 
 
 def text_of(blocks: Sequence[dict[str, Any]]) -> str:
@@ -64,7 +69,7 @@ class Message:
 
 def _blocks(content: str | Sequence[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
     if isinstance(content, str):
-        return ({"type": "text", "text": content},)
+        return (text_block(content),)
     for block in content:
         if not isinstance(block, dict) or "type" not in block:
             raise TypeError(

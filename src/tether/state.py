@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from . import journal as j
 from ._calls import ABORTED_UNKNOWN, CallRecord, DecisionRecord, OpenCall, PendingApproval
 from .errors import CorruptJournalError
+from .journal import Status
 from .messages import Message, MessagesView
 from .output import typed_output
 
 __all__ = ["ABORTED_UNKNOWN", "OpenCall", "PendingApproval", "State", "Status"]
-
-Status = Literal["running", "waiting", "completed", "failed", "cancelled", "stopped"]
 
 _PROGRESS_KINDS = frozenset(
     {"model_replied", "tool_finished", "approval_decided", "run_released", "run_stopped"}

@@ -20,15 +20,14 @@ import typing
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
 
+from .journal import EFFECTS, Effect
+from .messages import text_block
+
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
 __all__ = ["Effect", "Tool", "ToolContext", "ToolInputError", "result_to_blocks", "tool"]
 
-Effect = Literal["read_only", "idempotent", "unsafe", "resumable"]
-"""What a call does to the world; decides how a started-but-unfinished call is recovered."""
-
-_EFFECTS: tuple[str, ...] = typing.get_args(Effect)
 _DECORATOR_EFFECTS: tuple[str, ...] = ("read_only", "idempotent", "unsafe")
 _EFFECT_NAMES = ", ".join(_DECORATOR_EFFECTS)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -101,7 +100,7 @@ class Tool:
                 "Fix: pass @tool(name=...) with a valid name"
             )
         problems = [
-            (effect not in _EFFECTS, f"effect {effect!r} is unknown. Fix: use one of {_EFFECT_NAMES}"),
+            (effect not in EFFECTS, f"effect {effect!r} is unknown. Fix: use one of {_EFFECT_NAMES}"),
             (not isinstance(approval, bool), f"approval={approval!r} is not a bool. Fix: pass True or False"),
             (
                 timeout is not None
@@ -248,12 +247,12 @@ def result_to_blocks(value: Any) -> list[dict[str, Any]]:
     datetimes...), or its ``repr`` when it cannot be serialized.
     """
     if isinstance(value, str):
-        return [{"type": "text", "text": value}]
+        return [text_block(value)]
     if value is None:
-        return [{"type": "text", "text": ""}]
+        return [text_block("")]
     if isinstance(value, list) and value and all(_is_block(item) for item in value):
         return [dict(item) for item in value]
-    return [{"type": "text", "text": _to_text(value)}]
+    return [text_block(_to_text(value))]
 
 
 def _is_block(item: Any) -> bool:

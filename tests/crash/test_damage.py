@@ -137,7 +137,7 @@ def test_a_newer_format_is_refused_naming_run_seq_and_both_versions(
         obj["version"] = newer
     else:
         obj["v"] = newer
-    obj["h"] = j._checksum(obj)
+    obj["h"] = j.checksum(obj)
     rewrite_line(journal, n, orjson.dumps(obj))
     before = snapshot(runs)
     with pytest.raises(NewerFormatError) as info:

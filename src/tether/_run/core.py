@@ -28,12 +28,10 @@ if TYPE_CHECKING:
     from ..agent import Agent
 
 
-__all__ = ["COMPACT_INSTRUCTIONS", "COMPACT_PROMPT", "TERMINAL", "DriveCore", "backoff", "text_block"]
+__all__ = ["COMPACT_INSTRUCTIONS", "COMPACT_PROMPT", "DriveCore", "backoff"]
 
 log = logging.getLogger("tether")
 
-TERMINAL = frozenset({"completed", "cancelled", "failed", "stopped"})
-RETRY_EFFECTS = frozenset({"read_only", "idempotent"})
 COMPACT_INSTRUCTIONS = "You summarize conversations so that work can continue from the summary alone."
 COMPACT_PROMPT = (
     "Summarize the conversation so far for yourself: the task, what was done, the results that matter, "
@@ -189,7 +187,7 @@ class DriveCore:
         self.pending_items = []
         if not items:
             return False
-        if any(item.type == "cancel" for item in items) and self.state.status not in TERMINAL:
+        if any(item.type == "cancel" for item in items) and self.state.status not in j.STOP_STATUSES:
             await self._cancel_children()
         consume(self.state, items)
         self.act()
@@ -248,10 +246,6 @@ def _journaled_output(state: State) -> OutputSpec | None:
             "Fix: import it, or pass Agent(output_type=...)"
         )
     return output_spec(target)
-
-
-def text_block(text: str) -> dict[str, Any]:
-    return {"type": "text", "text": text}
 
 
 def backoff(attempt: int, base: float, retry_after: float | None, cap: float = 30.0) -> float:

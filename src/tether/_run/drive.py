@@ -21,9 +21,8 @@ from .renewal import ACTIVE_DRIVES, Renewer
 if TYPE_CHECKING:
     pass
 
-from .core import TERMINAL as _TERMINAL
+from ..messages import text_block as _text
 from .core import backoff
-from .core import text_block as _text
 from .subagents import skip_orphaned_items
 from .tool_step import ToolSteps
 
@@ -98,7 +97,7 @@ class Drive(ToolSteps):
             await self.flush()
             return
         self.waiting_at_take = state.status == "waiting" and not await self._children_with_work()
-        if state.status in ("completed", "cancelled") or self.waiting_at_take:
+        if state.status in j.FINAL_STATUSES or self.waiting_at_take:
             return  # returned as it is: a changed agent is noted only when the run goes on
         if state.status == "stopped" and self.agent.budget_exceeded(state, self.inherited) is not None:
             return
@@ -175,7 +174,7 @@ class Drive(ToolSteps):
         state = self.state
         while not self.done and not self.stopping:
             status = state.status
-            if status in ("completed", "cancelled"):
+            if status in j.FINAL_STATUSES:
                 return
             if status == "stopped" and self.agent.budget_exceeded(state, self.inherited) is not None:
                 return
@@ -197,7 +196,7 @@ class Drive(ToolSteps):
     async def _release(self) -> bool:
         """Release the run; False when the inbox or journal grew (the caller consumes and drives again)."""
         state = self.state
-        if self.acted and state.status not in _TERMINAL and state.history[-1].kind != "run_released":
+        if self.acted and state.status not in j.STOP_STATUSES and state.history[-1].kind != "run_released":
             reason = "waiting for a decision" if state.status == "waiting" else "stopped with work left"
             state.queue(j.RunReleased, reason=reason)
         await self.flush()
@@ -248,7 +247,7 @@ class Drive(ToolSteps):
                             "aborted: the run was interrupted while this call ran; it may or may not have run"
                         )
                         state.queue(j.ToolFinished, call_id=call_id, outcome="aborted", content=[_text(text)])
-                if self.acted and state.status not in _TERMINAL:
+                if self.acted and state.status not in j.STOP_STATUSES:
                     state.queue(j.RunReleased, reason=f"interrupted ({type(exc).__name__})")
             for _ in range(3):
                 await self.flush()

@@ -19,8 +19,8 @@ from ..tools import ToolInputError
 if TYPE_CHECKING:
     pass
 
+from ..messages import text_block as _text
 from .core import COMPACT_INSTRUCTIONS, COMPACT_PROMPT, DriveCore
-from .core import text_block as _text
 
 __all__ = ["ModelSteps"]
 

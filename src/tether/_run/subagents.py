@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import journal as j
 from ..errors import RunBusyError, RunNotFoundError
+from ..messages import text_block
 from ..state import State
 from ..stores.base import Lease, Owner, Store
 from ..tools import Tool
@@ -76,9 +77,7 @@ async def drive_child(
     lease = await _create_child(parent, call_id, child_id, prompt, sub, store, owner)
     if lease is None:
         child = await store.run_io(store.load, child_id)
-        if child.status in ("completed", "failed", "cancelled", "stopped") and not await _has_items(
-            store, child
-        ):
+        if child.status in j.STOP_STATUSES and not await _has_items(store, child):
             return _outcome(child)
         lease = await _claim_child(store, child_id, owner, sub, poll)
     state = await store.run_io(store.load, child_id)
@@ -89,7 +88,7 @@ async def drive_child(
         raise
     except Exception:
         child = await store.run_io(store.load, child_id)  # a failed child: its run_stopped says why
-        if child.status not in ("failed", "stopped", "cancelled", "completed"):
+        if child.status not in j.STOP_STATUSES:
             raise
     return _outcome(child)
 
@@ -108,7 +107,7 @@ async def _create_child(
         root_id=parent.root_id or parent.id,
         parent_call_id=call_id,
     )
-    state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": prompt}])
+    state.queue(j.MessageAdded, role="user", content=[text_block(prompt)])
     batch = state.next_batch()
     ttl = sub._ttl(store)
     try:
@@ -139,7 +138,7 @@ async def _has_items(store: Store, child: State) -> bool:
 def _outcome(child: State) -> ChildOutcome:
     usage = dict(child.usage)
     if child.status == "completed":
-        return ChildOutcome("done", [{"type": "text", "text": child.answer or ""}], usage, [], child.id)
+        return ChildOutcome("done", [text_block(child.answer or "")], usage, [], child.id)
     if child.status == "waiting":
         pending = [
             {
@@ -155,9 +154,9 @@ def _outcome(child: State) -> ChildOutcome:
         ]
         return ChildOutcome(None, [], usage, pending, child.id)
     if child.status == "cancelled":
-        return ChildOutcome("aborted", [{"type": "text", "text": "subagent cancelled"}], usage, [], child.id)
+        return ChildOutcome("aborted", [text_block("subagent cancelled")], usage, [], child.id)
     text = f"subagent run {child.id} {child.status}: {child.reason or 'no reason given'}"
-    return ChildOutcome("error", [{"type": "text", "text": text}], usage, [], child.id)
+    return ChildOutcome("error", [text_block(text)], usage, [], child.id)
 
 
 def child_needs_work(store: Store, child_id: str) -> bool:
@@ -186,7 +185,7 @@ def cancel_tree(store: Store, run_id: str, by: str | None = None, by_parent: boo
     None when it is held.
     """
     state = store.load(run_id)
-    if state.status not in ("completed", "failed", "cancelled", "stopped"):
+    if state.status not in j.STOP_STATUSES:
         for call in state.open_calls:
             record = state.call(call.call_id)
             if record is not None and (record.effect == "resumable" or record.child_id is not None):

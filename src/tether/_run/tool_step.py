@@ -17,8 +17,7 @@ from .subagents import ChildBusy, drive_child
 if TYPE_CHECKING:
     from ..agent import Agent
 
-from .core import RETRY_EFFECTS as _RETRY_EFFECTS
-from .core import text_block as _text
+from ..messages import text_block as _text
 from .model_step import ModelSteps
 
 __all__ = ["ToolSteps"]
@@ -204,11 +203,11 @@ class ToolSteps(ModelSteps):
             except TimeoutError:
                 effect = record.effect or tool.effect
                 limit = record.max_attempts or tool.max_attempts
-                if effect in _RETRY_EFFECTS and record.attempt < limit and self._can_start():
+                if effect in j.RETRY_EFFECTS and record.attempt < limit and self._can_start():
                     self._start(call_id)
                     await self.flush()
                     continue
-                if effect in _RETRY_EFFECTS:
+                if effect in j.RETRY_EFFECTS:
                     text = f"aborted: timed out {record.attempt} times (timeout {tool.timeout}s)"
                 else:
                     text = (

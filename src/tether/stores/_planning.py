@@ -13,7 +13,7 @@ from .. import journal as j
 from ..errors import RunNotFoundError
 from ..state import State
 from ._listing import listing_key
-from ._records import STOPPED, RunInfo
+from ._records import RunInfo
 
 __all__ = [
     "check_batch",
@@ -107,7 +107,7 @@ def plan_prune(
         kids = sorted(trees.get(root.id, ()), key=listing_key)
         if kids and not children:
             continue
-        if any(kid.lease_owner is not None or kid.status not in STOPPED for kid in kids):
+        if any(kid.lease_owner is not None or kid.status not in j.STOP_STATUSES for kid in kids):
             continue
         out.append([root.id, *(kid.id for kid in kids)])
     return out
@@ -121,10 +121,10 @@ def check_prune_statuses(statuses: Sequence[str]) -> tuple[str, ...]:
     """
     if isinstance(statuses, str):
         statuses = (statuses,)
-    bad = [s for s in statuses if s not in STOPPED]
+    bad = [s for s in statuses if s not in j.STOP_STATUSES]
     if bad or not statuses:
         raise ValueError(
-            f"prune statuses {bad or 'none'} are not stops. Fix: use some of {', '.join(STOPPED)}"
+            f"prune statuses {bad or 'none'} are not stops. Fix: use some of {', '.join(j.STOP_STATUSES)}"
         )
     return tuple(statuses)
 

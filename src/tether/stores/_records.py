@@ -1,6 +1,6 @@
 """The records stores deal in: who holds a run (``Owner``), a held run (``Lease``), a listed run (``RunInfo``).
 
-Also the stop statuses, and the error a take gives when the run is held.
+Also the error a take gives when the run is held.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from .. import journal as j
 from ..errors import RunBusyError
 
-__all__ = ["STOPPED", "Lease", "Owner", "RunInfo", "busy_error", "pid_alive"]
+__all__ = ["Lease", "Owner", "RunInfo", "busy_error", "pid_alive"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,3 @@ def busy_error(run_id: str, owner: Owner | None) -> RunBusyError:
         run_id=run_id,
         owner=owner.to_dict(),
     )
-
-
-STOPPED: tuple[str, ...] = ("completed", "cancelled", "failed", "stopped")
-"""The statuses of a stopped run: the only ones ``prune`` deletes."""

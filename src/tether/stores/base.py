@@ -39,11 +39,10 @@ from ._planning import (
     plan_delete,
     plan_prune,
 )
-from ._records import STOPPED, Lease, Owner, RunInfo, pid_alive
+from ._records import Lease, Owner, RunInfo, pid_alive
 from ._records import busy_error as busy_error  # re-exported: the stores import it from here
 
 __all__ = [
-    "STOPPED",
     "Lease",
     "ListCursor",
     "Owner",
@@ -308,7 +307,7 @@ class Store(abc.ABC):
         self,
         older_than: datetime | timedelta | str,
         *,
-        statuses: Sequence[str] = STOPPED,
+        statuses: Sequence[str] = j.STOP_STATUSES,
         children: bool = False,
         dry_run: bool = False,
     ) -> builtins.list[str]:
@@ -492,7 +491,7 @@ class Store(abc.ABC):
         for entry in state.history[after_seq + 1 :]:
             last = entry.seq
             yield entry
-        while state.status not in ("completed", "failed", "cancelled", "stopped"):
+        while state.status not in j.STOP_STATUSES:
             await asyncio.sleep(poll_interval)
             for entry in await self.run_io(self.read, run_id, last):
                 state.apply(entry)

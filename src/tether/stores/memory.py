@@ -16,7 +16,6 @@ from ..errors import ConflictError, LeaseLostError, RunNotFoundError
 from ..inbox import InboxItem, make_item
 from ._listing import ListQuery
 from .base import (
-    STOPPED,
     Lease,
     Owner,
     RunInfo,
@@ -278,7 +277,7 @@ class MemoryStore(Store):
         self,
         older_than: datetime | timedelta | str,
         *,
-        statuses: Sequence[str] = STOPPED,
+        statuses: Sequence[str] = j.STOP_STATUSES,
         children: bool = False,
         dry_run: bool = False,
     ) -> builtins.list[str]:

@@ -23,7 +23,6 @@ from ... import journal as j
 from ...errors import NewerFormatError, RunNotFoundError
 from .._listing import ListQuery
 from ..base import (
-    STOPPED,
     Owner,
     RunInfo,
     Store,
@@ -161,7 +160,7 @@ class FileListing(Store):
         self,
         older_than: datetime | timedelta | str,
         *,
-        statuses: Sequence[str] = STOPPED,
+        statuses: Sequence[str] = j.STOP_STATUSES,
         children: bool = False,
         dry_run: bool = False,
     ) -> builtins.list[str]:

@@ -41,7 +41,7 @@ from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .. import base
 from .._listing import ListQuery
-from ..base import STOPPED, Lease, Owner, RunInfo, Store, busy_error
+from ..base import Lease, Owner, RunInfo, Store, busy_error
 from ._sql import (
     CHANNEL,
     EPOCH,
@@ -527,7 +527,7 @@ class PostgresStore(Store):
 
         self._run(attempt)
 
-    def prune(self, older_than: datetime | timedelta | str, *, statuses: Sequence[str] = STOPPED,
+    def prune(self, older_than: datetime | timedelta | str, *, statuses: Sequence[str] = j.STOP_STATUSES,
               children: bool = False, dry_run: bool = False) -> builtins.list[str]:  # fmt: skip
         wanted, cutoff = builtins.list(base.check_prune_statuses(statuses)), base.as_cutoff(older_than)
         sql = (  # roots, each with every run of its tree stopped and free (only with children=True)
@@ -541,7 +541,7 @@ class PostgresStore(Store):
         def attempt(conn: Conn, retry: int) -> builtins.list[str]:
             out: builtins.list[str] = []
             with conn.transaction():
-                for (root,) in conn.execute(sql, (wanted, cutoff, builtins.list(STOPPED))).fetchall():
+                for (root,) in conn.execute(sql, (wanted, cutoff, builtins.list(j.STOP_STATUSES))).fetchall():
                     out += [root, *(kid for (kid,) in conn.execute(
                         "SELECT id FROM runs WHERE root_id = %s AND parent_id IS NOT NULL ORDER BY updated_at, "
                         "id FOR UPDATE", (root,)).fetchall())]  # fmt: skip

@@ -45,7 +45,6 @@ from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .._listing import ListQuery
 from ..base import (
-    STOPPED,
     Lease,
     Owner,
     RunInfo,
@@ -505,7 +504,7 @@ class SQLiteStore(Store):
         self,
         older_than: datetime | timedelta | str,
         *,
-        statuses: Sequence[str] = STOPPED,
+        statuses: Sequence[str] = j.STOP_STATUSES,
         children: bool = False,
         dry_run: bool = False,
     ) -> builtins.list[str]:
@@ -514,7 +513,7 @@ class SQLiteStore(Store):
         cutoff = as_cutoff(older_than)
         now = time.time()
         marks = ", ".join("?" * len(wanted))
-        stops = ", ".join(f"'{status}'" for status in STOPPED)
+        stops = ", ".join(f"'{status}'" for status in j.STOP_STATUSES)
         if children:
             kids = (
                 "NOT EXISTS (SELECT 1 FROM runs AS c WHERE c.root_id = r.id AND c.id <> r.id AND "

@@ -29,6 +29,7 @@ import orjson
 from tether import FileStore, Owner, State, Store
 from tether import journal as j
 from tether.stores.sqlite import SQLiteStore
+from tether.writing import JournalWriter
 
 STATUSES = ("completed", "completed", "completed", "failed", "cancelled", "waiting")
 
@@ -59,9 +60,10 @@ def fill_files(folder: Path, count: int) -> FileStore:
     """A FileStore holding ``count`` runs: copies of one real journal, each with its own listing line."""
     store = FileStore(folder)
     template = State(id="template")
-    template.queue(j.RunStarted, agent="bench", root_id="template")
-    template.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "hello"}])
-    store.create("template", template.next_batch(), template.info())
+    writer = JournalWriter(template)
+    writer.add(j.RunStarted, agent="bench", root_id="template")
+    writer.add(j.MessageAdded, role="user", content=[{"type": "text", "text": "hello"}])
+    store.create("template", writer.next_batch(), template.info())
     data = (folder / "template.jsonl").read_bytes()
     body = data[: data.rstrip(b"\n").rfind(b"\n") + 1]  # the entry lines; the listing line is rewritten
     store.delete("template")

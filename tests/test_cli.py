@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from tether import Agent, FileStore, Owner, State, open_store, tool
 from tether import journal as j
 from tether._cli.app import DEFAULT_STORE, app
+from tether._harness.conformance.support import writer_of
 from tether._timeline import format_args, format_time, next_step, summarize, timeline_lines, truncate
 from tether.testing import ScriptedModel, call
 
@@ -443,21 +444,25 @@ def make_tree(url: str, root: str = "root", child: str = "kid", *, pending: bool
     """A root waiting on a subagent run (``pending``: the child waits for a decision on c2_0)."""
     store = open_store(url)
     parent = State(id=root)
-    parent.queue(j.RunStarted, agent="boss", root_id=root)
-    parent.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "delegate"}])
-    parent.queue(j.ModelReplied, content=[{"type": "tool_call", "id": "c2_0", "name": "helper", "args": {}}])
-    parent.queue(j.ToolStarted, call_id="c2_0", tool="helper", effect="resumable", idempotency_key="k")
-    parent.queue(j.ChildWaiting, call_id="c2_0", child_id=child)
-    store.create(root, parent.next_batch(), parent.info())
+    writer_of(parent).add(j.RunStarted, agent="boss", root_id=root)
+    writer_of(parent).add(j.MessageAdded, role="user", content=[{"type": "text", "text": "delegate"}])
+    writer_of(parent).add(
+        j.ModelReplied, content=[{"type": "tool_call", "id": "c2_0", "name": "helper", "args": {}}]
+    )
+    writer_of(parent).add(
+        j.ToolStarted, call_id="c2_0", tool="helper", effect="resumable", idempotency_key="k"
+    )
+    writer_of(parent).add(j.ChildWaiting, call_id="c2_0", child_id=child)
+    store.create(root, writer_of(parent).next_batch(), parent.info())
     kid = State(id=child)
-    kid.queue(j.RunStarted, agent="helper", parent_id=root, root_id=root, parent_call_id="c2_0")
-    kid.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "help"}])
+    writer_of(kid).add(j.RunStarted, agent="helper", parent_id=root, root_id=root, parent_call_id="c2_0")
+    writer_of(kid).add(j.MessageAdded, role="user", content=[{"type": "text", "text": "help"}])
     if pending:
-        kid.queue(
+        writer_of(kid).add(
             j.ModelReplied, content=[{"type": "tool_call", "id": "c2_0", "name": "send_email", "args": {}}]
         )
-        kid.queue(j.ApprovalRequested, call_id="c2_0", tool="send_email", args={})
-    store.create(child, kid.next_batch(), kid.info())
+        writer_of(kid).add(j.ApprovalRequested, call_id="c2_0", tool="send_email", args={})
+    store.create(child, writer_of(kid).next_batch(), kid.info())
     store.close()
 
 

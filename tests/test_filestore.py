@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from tether import journal as j
+from tether._harness.conformance.support import writer_of
 from tether.errors import (
     ConflictError,
     CorruptJournalError,
@@ -40,25 +41,28 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 def new_state(run_id: str, *, messages: int = 1, **started: Any) -> State:
     state = State(id=run_id)
-    state.queue(j.RunStarted, root_id=started.pop("root_id", run_id), **started)
+    writer_of(state).add(j.RunStarted, root_id=started.pop("root_id", run_id), **started)
     for i in range(messages):
-        state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": f"hello {i}"}])
+        writer_of(state).add(j.MessageAdded, role="user", content=[{"type": "text", "text": f"hello {i}"}])
     return state
 
 
 def create(store: FileStore, run_id: str, *, held: bool = True, messages: int = 1, **started: Any):
     state = new_state(run_id, messages=messages, **started)
     lease = store.create(
-        run_id, state.next_batch(), state.info(), owner=Owner.here(state.writer) if held else None
+        run_id,
+        writer_of(state).next_batch(),
+        state.info(),
+        owner=Owner.here(writer_of(state).writer_id) if held else None,
     )
-    state.batch_saved()
+    writer_of(state).batch_saved()
     return state, lease
 
 
 def queue_messages(state: State, n: int = 1, text: str = "more") -> list[j.Entry]:
     for i in range(n):
-        state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": f"{text} {i}"}])
-    return state.next_batch()
+        writer_of(state).add(j.MessageAdded, role="user", content=[{"type": "text", "text": f"{text} {i}"}])
+    return writer_of(state).next_batch()
 
 
 def append(
@@ -69,11 +73,11 @@ def append(
         state.id,
         batch,
         expected_seq=batch[0].seq,
-        writer=state.writer,
+        writer=writer_of(state).writer_id,
         lease_token=lease.token if lease else None,
         info=state.info(),
     )
-    state.batch_saved()
+    writer_of(state).batch_saved()
     return batch
 
 
@@ -112,6 +116,7 @@ import sys, time
 from tether import journal as j
 from tether.stores.base import Owner
 from tether.stores.files import FileStore
+from tether.writing import JournalWriter
 store = FileStore(sys.argv[1])
 """
 
@@ -169,7 +174,7 @@ def test_existing_id_is_refused_and_nothing_changes(tmp_path: Path) -> None:
     other = new_state("r1")
     for s in (store, FileStore(tmp_path)):
         with pytest.raises(ValueError, match=r"run r1 already exists\. Fix: "):
-            s.create("r1", other.next_batch(), other.info(), owner=Owner.here())
+            s.create("r1", writer_of(other).next_batch(), other.info(), owner=Owner.here())
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
@@ -214,7 +219,7 @@ def test_created_held_then_another_store_is_busy(tmp_path: Path) -> None:
     with pytest.raises(RunBusyError):
         a.claim("r1", Owner.here())  # one holder, even in the same store object
     holder = b.holder("r1")
-    assert holder is not None and holder.pid == os.getpid() and holder.writer == state.writer
+    assert holder is not None and holder.pid == os.getpid() and holder.writer == writer_of(state).writer_id
     assert a.renew(lease) == lease
     assert a.release(lease, at_seq=2, inbox_len=0)
     assert b.holder("r1") is None
@@ -236,7 +241,7 @@ def test_tokens_increase_across_claims_and_store_objects(tmp_path: Path) -> None
     tokens = []
     for i in range(5):
         s = FileStore(tmp_path) if i % 2 else store
-        lease = s.claim("r1", Owner.here(state.writer))
+        lease = s.claim("r1", Owner.here(writer_of(state).writer_id))
         tokens.append(lease.token)
         append(s, state, lease)
         s.abandon(lease)
@@ -335,15 +340,34 @@ def test_append_is_fenced_by_the_held_lock(tmp_path: Path) -> None:
         append(b, state, lease)  # another store object does not hold it, whatever the token
     state = a.load("r1")
     with pytest.raises(LeaseLostError):
-        a.append("r1", queue_messages(state), expected_seq=2, writer=state.writer, lease_token=99, info={})
+        a.append(
+            "r1",
+            queue_messages(state),
+            expected_seq=2,
+            writer=writer_of(state).writer_id,
+            lease_token=99,
+            info={},
+        )
     a.abandon(lease)
     lease2 = b.claim("r1", Owner.here())
     state = b.load("r1")
     with pytest.raises(LeaseLostError):
         a.append(
-            "r1", queue_messages(state), expected_seq=2, writer=state.writer, lease_token=lease.token, info={}
+            "r1",
+            queue_messages(state),
+            expected_seq=2,
+            writer=writer_of(state).writer_id,
+            lease_token=lease.token,
+            info={},
         )
-    b.append("r1", state.next_batch(), expected_seq=2, writer=state.writer, lease_token=lease2.token, info={})
+    b.append(
+        "r1",
+        writer_of(state).next_batch(),
+        expected_seq=2,
+        writer=writer_of(state).writer_id,
+        lease_token=lease2.token,
+        info={},
+    )
     assert b.length("r1") == 3
 
 
@@ -358,9 +382,14 @@ def test_retried_append_is_skipped_and_conflicts_are_refused(tmp_path: Path) -> 
     batch = queue_messages(state, 2)
     for _ in range(3):  # a retried append resends byte-identical entries: stored once
         store.append(
-            "r1", batch, expected_seq=2, writer=state.writer, lease_token=lease.token, info=state.info()
+            "r1",
+            batch,
+            expected_seq=2,
+            writer=writer_of(state).writer_id,
+            lease_token=lease.token,
+            info=state.info(),
         )
-    state.batch_saved()
+    writer_of(state).batch_saved()
     assert store.length("r1") == 4 and store.read("r1") == state.history
     size = (tmp_path / "r1.jsonl").stat().st_size
 
@@ -372,7 +401,14 @@ def test_retried_append_is_skipped_and_conflicts_are_refused(tmp_path: Path) -> 
             store.abandon(lease)
             lease_s = s.claim("r1", Owner.here())
         with pytest.raises(ConflictError, match=r"run r1 seq 3 holds a message entry from writer") as err:
-            s.append("r1", other, expected_seq=3, writer=stale.writer, lease_token=lease_s.token, info={})
+            s.append(
+                "r1",
+                other,
+                expected_seq=3,
+                writer=writer_of(stale).writer_id,
+                lease_token=lease_s.token,
+                info={},
+            )
         assert err.value.seq == 3
         older = queue_messages(State.replay("r1", store.read("r1")[:1]))  # conflicts with the created batch
         with pytest.raises(ConflictError, match="seq 1 holds a message entry"):
@@ -447,9 +483,11 @@ def test_bit_flip_in_a_middle_line_is_corruption(tmp_path: Path) -> None:
     path.write_bytes(data + damaged)
     fresh = FileStore(tmp_path)
     store.abandon(lease)
-    lease2 = fresh.claim("r1", Owner.here(state.writer))
+    lease2 = fresh.claim("r1", Owner.here(writer_of(state).writer_id))
     with pytest.raises(CorruptJournalError, match="seq 6 is damaged"):
-        fresh.append("r1", extra, expected_seq=6, writer=state.writer, lease_token=lease2.token, info={})
+        fresh.append(
+            "r1", extra, expected_seq=6, writer=writer_of(state).writer_id, lease_token=lease2.token, info={}
+        )
     assert path.read_bytes() == data + damaged
 
 
@@ -467,7 +505,7 @@ def test_appends_read_only_the_tail(tmp_path: Path) -> None:
     assert (tmp_path / "big.jsonl").stat().st_size > 500_000
     fresh = FileStore(tmp_path)
     before = rchar()
-    lease = fresh.claim("big", Owner.here(state.writer))
+    lease = fresh.claim("big", Owner.here(writer_of(state).writer_id))
     for _ in range(20):
         append(fresh, state, lease)
     assert fresh.length("big") == 4021 and FileStore(tmp_path).length("big") == 4021
@@ -488,11 +526,12 @@ APPEND_IN_CHILD = (
     CHILD_PRELUDE
     + """
 state = store.load("r1")
-lease = store.claim("r1", Owner.here(state.writer))
+writer = JournalWriter(state)
+lease = store.claim("r1", Owner.here(writer.writer_id))
 for text in ("a" * 300, "b" * 300):
-    state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": text}])
-batch = state.next_batch()
-store.append("r1", batch, expected_seq=batch[0].seq, writer=state.writer, lease_token=lease.token, info=state.info())
+    writer.add(j.MessageAdded, role="user", content=[{"type": "text", "text": text}])
+batch = writer.next_batch()
+store.append("r1", batch, expected_seq=batch[0].seq, writer=writer.writer_id, lease_token=lease.token, info=state.info())
 print("survived", flush=True)
 """
 )
@@ -508,7 +547,7 @@ def test_failpoint_torn_append_leaves_a_torn_tail_the_next_append_repairs(tmp_pa
     torn = path.read_bytes()
     assert torn.startswith(good) and len(torn) > len(good) and not torn.endswith(b"\n")
     assert store.read("r1") == state.history and store.length("r1") == 2
-    lease = store.claim("r1", Owner.here(state.writer))  # the dead child's lock went with it
+    lease = store.claim("r1", Owner.here(writer_of(state).writer_id))  # the dead child's lock went with it
     assert lease.token == 2
     batch = append(store, state, lease, 1, "repaired")
     data = path.read_bytes()
@@ -537,18 +576,20 @@ import os, resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 path = sys.argv[1] + "/r1.jsonl"
 state = store.load("r1")
-lease = store.claim("r1", Owner.here(state.writer))
+writer = JournalWriter(state)
+lease = store.claim("r1", Owner.here(writer.writer_id))
 size = os.path.getsize(path)
 resource.setrlimit(resource.RLIMIT_FSIZE, (size + 2000, resource.RLIM_INFINITY))
-state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "x" * 5000}])
-batch = state.next_batch()
+writer.add(j.MessageAdded, role="user", content=[{"type": "text", "text": "x" * 5000}])
+batch = writer.next_batch()
 try:
-    store.append("r1", batch, expected_seq=2, writer=state.writer, lease_token=lease.token, info={})
+    store.append("r1", batch, expected_seq=2, writer=writer.writer_id, lease_token=lease.token, info={})
 except OSError as exc:
     print("failed", exc.errno, os.path.getsize(path) == size)
 state = store.load("r1")
-state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "small"}])
-store.append("r1", state.next_batch(), expected_seq=2, writer=state.writer, lease_token=lease.token, info={})
+writer = JournalWriter(state, writer.writer_id)
+writer.add(j.MessageAdded, role="user", content=[{"type": "text", "text": "small"}])
+store.append("r1", writer.next_batch(), expected_seq=2, writer=writer.writer_id, lease_token=lease.token, info={})
 print("length", store.length("r1"))
 """,
         str(tmp_path),
@@ -678,12 +719,17 @@ def test_delete_refuses_a_held_run(tmp_path: Path) -> None:
 def test_list_reads_the_listing_records_and_filters(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     a, lease_a = create(store, "a", agent="writer")
-    a.queue(j.ModelReplied, content=[{"type": "text", "text": "done"}])
-    a.queue(j.RunStopped, status="completed", answer="done")
+    writer_of(a).add(j.ModelReplied, content=[{"type": "text", "text": "done"}])
+    writer_of(a).add(j.RunStopped, status="completed", answer="done")
     store.append(
-        "a", a.next_batch(), expected_seq=2, writer=a.writer, lease_token=lease_a.token, info=a.info()
+        "a",
+        writer_of(a).next_batch(),
+        expected_seq=2,
+        writer=writer_of(a).writer_id,
+        lease_token=lease_a.token,
+        info=a.info(),
     )
-    a.batch_saved()
+    writer_of(a).batch_saved()
     store.release(lease_a, at_seq=4, inbox_len=0)
     time.sleep(0.002)
     child, _ = create(store, "c", held=False, agent="helper", parent_id="a", root_id="a")
@@ -734,7 +780,7 @@ def test_save_load_and_settle_through_the_base_class(tmp_path: Path) -> None:
     state = State(id="r1", messages=[Message.user("hi")])
     store.save(state)
     assert store.load("r1").history == state.history
-    state = store.load("r1")  # (Store.save of a new run leaves its entries counted as unsaved)
+    state = store.load("r1")  # as a caller usually has it: loaded from the store
     state.add_message("again")
     store.save(state)  # posted, then settled: no one holds the run
     loaded = FileStore(tmp_path).load("r1")
@@ -782,14 +828,15 @@ def test_readers_see_only_complete_appends(tmp_path: Path) -> None:
         CHILD_PRELUDE
         + """
 state = store.load("r1")
-lease = store.claim("r1", Owner.here(state.writer))
+writer = JournalWriter(state)
+lease = store.claim("r1", Owner.here(writer.writer_id))
 print("go", flush=True)
 for i in range(150):
     for k in range(3):
-        state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": f"{i}-{k}" * 50}])
-    batch = state.next_batch()
-    store.append("r1", batch, expected_seq=batch[0].seq, writer=state.writer, lease_token=lease.token, info={})
-    state.batch_saved()
+        writer.add(j.MessageAdded, role="user", content=[{"type": "text", "text": f"{i}-{k}" * 50}])
+    batch = writer.next_batch()
+    store.append("r1", batch, expected_seq=batch[0].seq, writer=writer.writer_id, lease_token=lease.token, info={})
+    writer.batch_saved()
 """,
         str(tmp_path),
     )
@@ -851,10 +898,15 @@ def test_prune_keeps_a_run_posted_to_after_the_listing_was_read(
     store = FileStore(tmp_path)
     for run_id in ("r1", "r2"):
         state, lease = create(store, run_id)
-        state.queue(j.RunStopped, status="completed", answer="done")
-        batch = state.next_batch()
+        writer_of(state).add(j.RunStopped, status="completed", answer="done")
+        batch = writer_of(state).next_batch()
         store.append(
-            run_id, batch, expected_seq=2, writer=state.writer, lease_token=lease.token, info=state.info()
+            run_id,
+            batch,
+            expected_seq=2,
+            writer=writer_of(state).writer_id,
+            lease_token=lease.token,
+            info=state.info(),
         )
         assert store.release(lease, at_seq=3, inbox_len=0)
     stale = store._scan()
@@ -870,10 +922,17 @@ def test_claim_next_checks_the_run_again_once_held(tmp_path: Path, monkeypatch: 
     store = FileStore(tmp_path)
     state, lease = create(store, "r1", held=False)
     stale = store._scan()  # r1 running, no holder: it needs work
-    lease = store.claim("r1", Owner.here(state.writer))
-    state.queue(j.RunStopped, status="completed", answer="done")
-    batch = state.next_batch()
-    store.append("r1", batch, expected_seq=2, writer=state.writer, lease_token=lease.token, info=state.info())
+    lease = store.claim("r1", Owner.here(writer_of(state).writer_id))
+    writer_of(state).add(j.RunStopped, status="completed", answer="done")
+    batch = writer_of(state).next_batch()
+    store.append(
+        "r1",
+        batch,
+        expected_seq=2,
+        writer=writer_of(state).writer_id,
+        lease_token=lease.token,
+        info=state.info(),
+    )
     assert store.release(lease, at_seq=3, inbox_len=0)  # a driver finished it meanwhile
     monkeypatch.setattr(store, "_scan", lambda: stale)
     assert store.claim_next(Owner.here()) is None  # claimed, found done, released

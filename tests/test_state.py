@@ -8,15 +8,16 @@ import pytest
 
 from tether import Message, State
 from tether import journal as j
+from tether._harness.conformance.support import writer_of
 from tether.errors import CorruptJournalError
 from tether.state import ABORTED_UNKNOWN
 
 
 def started(*texts: str) -> State:
     state = State(id="r1")
-    state.queue(j.RunStarted, agent="a", root_id="r1")
+    writer_of(state).add(j.RunStarted, agent="a", root_id="r1")
     for text in texts or ("hi",):
-        state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": text}])
+        writer_of(state).add(j.MessageAdded, role="user", content=[{"type": "text", "text": text}])
     return state
 
 
@@ -31,14 +32,16 @@ def reply(
         {"type": "tool_call", "id": cid, "name": n, "args": {"n": i}}
         for i, (cid, n) in enumerate(zip(ids, names, strict=True))
     ]
-    state.queue(j.ModelReplied, content=content, usage=usage or {"input_tokens": 10, "output_tokens": 5})
+    writer_of(state).add(
+        j.ModelReplied, content=content, usage=usage or {"input_tokens": 10, "output_tokens": 5}
+    )
     return ids
 
 
 def start(
     state: State, call_id: str, tool: str = "t", effect: str = "unsafe", attempt: int = 1, limit: int = 3
 ) -> None:
-    state.queue(
+    writer_of(state).add(
         j.ToolStarted,
         call_id=call_id,
         tool=tool,
@@ -50,7 +53,9 @@ def start(
 
 
 def finish(state: State, call_id: str, text: str, outcome: str = "done") -> None:
-    state.queue(j.ToolFinished, call_id=call_id, outcome=outcome, content=[{"type": "text", "text": text}])
+    writer_of(state).add(
+        j.ToolFinished, call_id=call_id, outcome=outcome, content=[{"type": "text", "text": text}]
+    )
 
 
 def roles(state: State) -> list[str]:
@@ -63,7 +68,9 @@ def test_results_follow_call_order_and_messages_added_meanwhile_come_after_them(
     start(state, first)
     start(state, second)
     finish(state, second, "B")  # finishes first
-    state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "by the way"}], inbox_seq=0)
+    writer_of(state).add(
+        j.MessageAdded, role="user", content=[{"type": "text", "text": "by the way"}], inbox_seq=0
+    )
     assert roles(state) == ["user", "assistant"], (
         "a message added while calls are open waits for their results"
     )
@@ -81,12 +88,14 @@ def test_replay_is_the_same_fold() -> None:
     (cid,) = reply(state, "a")
     start(state, cid)
     finish(state, cid, "x")
-    state.queue(j.ModelReplied, content=[{"type": "text", "text": "done"}], usage={"input_tokens": 1})
-    state.queue(j.RunStopped, status="completed", answer="done")
+    writer_of(state).add(
+        j.ModelReplied, content=[{"type": "text", "text": "done"}], usage={"input_tokens": 1}
+    )
+    writer_of(state).add(j.RunStopped, status="completed", answer="done")
     again = State.replay("r1", state.history)
     assert again.messages == state.messages
     assert (again.status, again.answer, again.turn, again.usage) == ("completed", "done", 2, state.usage)
-    assert again.unsaved == 0 and state.unsaved == len(state.history)
+    assert again.history == state.history and writer_of(state).unsaved == len(state.history)
 
 
 def test_turns_usage_and_the_request_index_are_totals() -> None:
@@ -95,9 +104,9 @@ def test_turns_usage_and_the_request_index_are_totals() -> None:
     start(state, cid)
     finish(state, cid, "x")
     assert state.requests == 1
-    state.queue(j.ModelFailed, error_type="ModelError", error="overloaded", retryable=True)
+    writer_of(state).add(j.ModelFailed, error_type="ModelError", error="overloaded", retryable=True)
     assert state.requests == 2 and state.turn == 1
-    state.queue(
+    writer_of(state).add(
         j.ModelReplied,
         content=[{"type": "text", "text": "ok"}],
         usage={"input_tokens": 7, "output_tokens": 1},
@@ -109,7 +118,7 @@ def test_turns_usage_and_the_request_index_are_totals() -> None:
 def test_pending_approvals_and_status_waiting() -> None:
     state = started()
     risky, safe = reply(state, "risky", "safe")
-    state.queue(j.ApprovalRequested, call_id=risky, round=0, tool="risky", args={"n": 0})
+    writer_of(state).add(j.ApprovalRequested, call_id=risky, round=0, tool="risky", args={"n": 0})
     start(state, safe)
     assert state.status == "running", "a started call can still run"
     finish(state, safe, "ok")
@@ -129,7 +138,7 @@ def test_pending_approvals_and_status_waiting() -> None:
 def test_approve_and_deny_become_inbox_items_and_refuse_a_second_decision() -> None:
     state = started()
     (risky,) = reply(state, "risky")
-    state.queue(j.ApprovalRequested, call_id=risky, round=0, tool="risky", args={})
+    writer_of(state).add(j.ApprovalRequested, call_id=risky, round=0, tool="risky", args={})
     state.approve(risky, by="alice", reason="fine")
     assert state.pending_approvals == []
     (item,) = state.take_local_changes()
@@ -146,8 +155,8 @@ def test_approve_and_deny_become_inbox_items_and_refuse_a_second_decision() -> N
 def test_a_journaled_decision_is_refused_again_by_the_state() -> None:
     state = started()
     (risky,) = reply(state, "risky")
-    state.queue(j.ApprovalRequested, call_id=risky, round=0, tool="risky", args={})
-    state.queue(j.ApprovalDecided, call_id=risky, round=0, approved=False, by="bob", reason="no")
+    writer_of(state).add(j.ApprovalRequested, call_id=risky, round=0, tool="risky", args={})
+    writer_of(state).add(j.ApprovalDecided, call_id=risky, round=0, approved=False, by="bob", reason="no")
     with pytest.raises(ValueError, match=rf"call {risky} was already denied by bob"):
         state.approve(risky)
 
@@ -159,11 +168,13 @@ def test_open_calls_say_what_a_resume_would_do() -> None:
     start(state, unsafe, effect="unsafe")
     start(state, idem, effect="idempotent", attempt=1)
     start(state, idem_last, effect="read_only", attempt=3, limit=3)
-    state.queue(j.ApprovalRequested, call_id=pending, round=0, tool="pending", args={})
-    state.queue(j.ApprovalRequested, call_id=denied, round=0, tool="denied", args={})
-    state.queue(j.ApprovalDecided, call_id=denied, round=0, approved=False, by="bob", reason="too risky")
-    state.queue(j.ApprovalRequested, call_id=approved, round=0, tool="approved", args={})
-    state.queue(j.ApprovalDecided, call_id=approved, round=0, approved=True, by="alice")
+    writer_of(state).add(j.ApprovalRequested, call_id=pending, round=0, tool="pending", args={})
+    writer_of(state).add(j.ApprovalRequested, call_id=denied, round=0, tool="denied", args={})
+    writer_of(state).add(
+        j.ApprovalDecided, call_id=denied, round=0, approved=False, by="bob", reason="too risky"
+    )
+    writer_of(state).add(j.ApprovalRequested, call_id=approved, round=0, tool="approved", args={})
+    writer_of(state).add(j.ApprovalDecided, call_id=approved, round=0, approved=True, by="alice")
     plan = {c.call_id: c for c in state.open_calls}
     assert [c.call_id for c in state.open_calls] == ids, "open calls are listed in call order"
     assert plan[fresh].action == "run" and plan[fresh].attempt == 0
@@ -180,12 +191,16 @@ def test_open_calls_say_what_a_resume_would_do() -> None:
 def test_stopped_statuses_and_what_reopens_them() -> None:
     for status in ("completed", "failed", "cancelled", "stopped"):
         state = started()
-        state.queue(j.ModelReplied, content=[{"type": "text", "text": "x"}])
-        state.queue(j.RunStopped, status=status, answer="x" if status == "completed" else None, reason="why")
+        writer_of(state).add(j.ModelReplied, content=[{"type": "text", "text": "x"}])
+        writer_of(state).add(
+            j.RunStopped, status=status, answer="x" if status == "completed" else None, reason="why"
+        )
         assert state.status == status
-        state.queue(j.InboxSkipped, inbox_seq=0, reason="no effect")
+        writer_of(state).add(j.InboxSkipped, inbox_seq=0, reason="no effect")
         assert state.status == status, "an inbox_skipped leaves the run stopped"
-        state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "more"}], inbox_seq=1)
+        writer_of(state).add(
+            j.MessageAdded, role="user", content=[{"type": "text", "text": "more"}], inbox_seq=1
+        )
         assert state.status == "running", "a message reopens a stopped run"
         assert state.answer is None
 
@@ -219,13 +234,13 @@ def test_entries_that_cannot_follow_are_corruption_naming_run_and_seq(damage: st
         start(state, cid)
         call = lambda: reply(state, "b")  # noqa: E731
     elif damage == "second_decision":
-        state.queue(j.ApprovalRequested, call_id=cid, round=0, tool="a", args={})
+        writer_of(state).add(j.ApprovalRequested, call_id=cid, round=0, tool="a", args={})
         decide = dict(call_id=cid, round=0, approved=True, by="alice")
-        state.queue(j.ApprovalDecided, **decide)
-        call = lambda: state.queue(j.ApprovalDecided, **decide)  # noqa: E731
+        writer_of(state).add(j.ApprovalDecided, **decide)
+        call = lambda: writer_of(state).add(j.ApprovalDecided, **decide)  # noqa: E731
     else:
-        state.queue(j.MessageAdded, role="user", content=[])
-        call = lambda: state.queue(j.RunStarted, agent="a")  # noqa: E731
+        writer_of(state).add(j.MessageAdded, role="user", content=[])
+        call = lambda: writer_of(state).add(j.RunStarted, agent="a")  # noqa: E731
     bad_seq = len(state.history)
     with pytest.raises(CorruptJournalError) as info:
         call()
@@ -235,14 +250,14 @@ def test_entries_that_cannot_follow_are_corruption_naming_run_and_seq(damage: st
 def test_crash_loop_counter_counts_resumes_since_progress() -> None:
     state = started()
     for n in (1, 2):
-        state.queue(j.RunResumed, writer="w", pid=1)
+        writer_of(state).add(j.RunResumed, writer="w", pid=1)
         assert state.resumes_since_progress == n
     (cid,) = reply(state, "a")
     assert state.resumes_since_progress == 0
-    state.queue(j.RunResumed, writer="w", pid=1)
+    writer_of(state).add(j.RunResumed, writer="w", pid=1)
     start(state, cid)
     assert state.resumes_since_progress == 1, "a tool_started is not progress"
-    state.queue(j.RunReleased, reason="interrupted")
+    writer_of(state).add(j.RunReleased, reason="interrupted")
     assert state.resumes_since_progress == 0
 
 

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-import signal
-import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from . import budgets
-from . import journal as j
-from ._run.drive import Drive, backoff
-from ._run.renewal import cancel_all_drives, sigterm_received
+from ._run import taking
+from ._run.agent_spec import OnUnknown
+from ._run.drive import Drive
+from ._run.model_step import backoff
 from ._run.subagents import subagent_tool
+from ._run.sync import handle_sigterm, run_sync
 from .budgets import Price
-from .errors import ConflictError
 from .events import EntryEvent, Event
 from .humans import Human
 from .messages import Message
@@ -25,54 +25,13 @@ from .models import Model, resolve_model
 from .output import OutputSpec, output_spec
 from .permissions import Decision, Rule, decide
 from .state import State
-from .stores.base import Lease, Owner, Store
+from .stores.base import Lease, Store
 from .stores.memory import MemoryStore
 from .tools import Tool
 from .tools import tool as make_tool
+from .writing import JournalWriter
 
 __all__ = ["Agent", "handle_sigterm"]
-
-_RUNNERS = threading.local()
-
-
-def _runner() -> asyncio.Runner:
-    runner: asyncio.Runner | None = getattr(_RUNNERS, "runner", None)
-    if runner is None:
-        runner = asyncio.Runner()
-        _RUNNERS.runner = runner
-    return runner
-
-
-def _sync(coro_fn: Callable[[], Any], name: str) -> Any:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError(
-            f"Agent.{name}() was called from a running event loop. Fix: await agent.a{name}(...)"
-        )
-    try:
-        return _runner().run(coro_fn())
-    except asyncio.CancelledError:
-        if sigterm_received():
-            raise SystemExit(143) from None
-        raise
-
-
-def handle_sigterm() -> None:
-    """Turn SIGTERM into cancellation of every run this process drives.
-
-    Each drive closes its steps (in-flight ``unsafe`` calls aborted, the rest left for a resume), writes
-    ``run_released`` and releases the run; then the process exits with code 143. Call it once, from the
-    main thread.
-    """
-
-    def handler(signum: int, frame: object) -> None:
-        if not cancel_all_drives():
-            raise SystemExit(143)  # nothing to close: exit as SIGTERM asks
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 class Agent:
@@ -129,7 +88,7 @@ class Agent:
         model_retries: int = 4,
         retry_delay: float = 0.5,
         lease_ttl: float | None = None,
-        on_unknown: Literal["abort", "ask"] = "abort",
+        on_unknown: OnUnknown = "abort",
         strict_resume: bool = False,
         permissions: Sequence[Rule] = (),
         default_permission: Decision = "allow",
@@ -157,7 +116,7 @@ class Agent:
             raise TypeError(
                 f"store {store!r} is not a tether Store. Fix: pass FileStore(path), open_store(url), ..."
             )
-        self.store = store
+        self.store: Store | None = store
         self.name = name
         self.description = description
         for label, value in (("max_turns", max_turns), ("max_tokens", max_tokens), ("max_cost", max_cost)):
@@ -269,11 +228,11 @@ class Agent:
 
     def run(self, prompt: str | Message | State, *, id: str | None = None, output_type: Any = None) -> State:
         """Start a run (or continue a State) and drive it to its next stop. See ``arun``."""
-        return _sync(lambda: self.arun(prompt, id=id, output_type=output_type), "run")
+        return run_sync(lambda: self.arun(prompt, id=id, output_type=output_type), "run")
 
     def resume(self, run_id: str) -> State:
         """Continue a run from its journal. See ``aresume``."""
-        return _sync(lambda: self.aresume(run_id), "resume")
+        return run_sync(lambda: self.aresume(run_id), "resume")
 
     async def arun(
         self, prompt: str | Message | State, *, id: str | None = None, output_type: Any = None
@@ -290,8 +249,8 @@ class Agent:
             ConflictError: the State is stale (another process appended since it was loaded).
         """
         output = output_spec(output_type) if output_type is not None else None
-        state, store, lease = await self._take_for_run(prompt, id, output)
-        return await Drive(self, store, state, lease, output=output).run()
+        store, journal, lease = await self._take_for_run(prompt, id, output)
+        return await Drive(self, store, journal, lease, output=output).run()
 
     async def aresume(self, run_id: str) -> State:
         """Continue a run from its journal, in any process: finished tools never run again.
@@ -303,12 +262,12 @@ class Agent:
             RunBusyError: a live process drives the run.
         """
         store = self._require_store("resume")
-        state, lease = await self._take_existing(store, run_id)
-        return await Drive(self, store, state, lease).run()
+        journal, lease = await taking.take_existing(self, store, run_id)
+        return await Drive(self, store, journal, lease).run()
 
     def compact(self, run: str | State) -> State:
         """Summarize a run's conversation so far and journal ``compacted``. See ``acompact``."""
-        return _sync(lambda: self.acompact(run), "compact")
+        return run_sync(lambda: self.acompact(run), "compact")
 
     async def acompact(self, run: str | State) -> State:
         """Take the run, ask the model for a summary of it, journal ``compacted``, and release it.
@@ -318,8 +277,8 @@ class Agent:
         """
         store = self._require_store("compact")
         run_id = run.id if isinstance(run, State) else run
-        state, lease = await self._take_existing(store, run_id)
-        state = await Drive(self, store, state, lease).run_compaction()
+        journal, lease = await taking.take_existing(self, store, run_id)
+        state = await Drive(self, store, journal, lease).run_compaction()
         if isinstance(run, State):
             store.catch_up(run)
         return state
@@ -327,17 +286,11 @@ class Agent:
     async def adrive(self, store: Store, lease: Lease) -> State:
         """Drive a run this process already holds (a Worker's ``claim_next``), then release it.
 
-        The lease's owner writer id becomes the State's writer. On a wrong agent or a subagent run the
-        lease is abandoned and ValueError raised.
+        The lease's owner writer id is the writer of what the drive appends. On a wrong agent or a subagent
+        run the lease is abandoned and ValueError raised.
         """
-        try:
-            state = await store.run_io(store.load, lease.run_id)
-            state.writer = lease.owner.writer
-            self._check_run(state)
-        except BaseException:
-            await store.run_io(store.abandon, lease)
-            raise
-        return await Drive(self, store, state, lease).run()
+        journal = await taking.take_held(self, store, lease)
+        return await Drive(self, store, journal, lease).run()
 
     async def stream(
         self, prompt: str | Message | State, *, id: str | None = None, output_type: Any = None
@@ -348,12 +301,12 @@ class Agent:
         """
         output = output_spec(output_type) if output_type is not None else None
         created = not (isinstance(prompt, State) and prompt.history)
-        state, store, lease = await self._take_for_run(prompt, id, output)
+        store, journal, lease = await self._take_for_run(prompt, id, output)
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
         if created:  # the entries that created the run were appended before the drive: yield them first
-            for entry in state.history:
+            for entry in journal.state.history:
                 queue.put_nowait(EntryEvent(entry))
-        drive = Drive(self, store, state, lease, emit=queue.put_nowait, output=output)
+        drive = Drive(self, store, journal, lease, emit=queue.put_nowait, output=output)
         task = asyncio.ensure_future(drive.run())
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
@@ -366,18 +319,15 @@ class Agent:
         finally:
             if not task.done():
                 task.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-                except (asyncio.CancelledError, Exception):
-                    pass
 
     def submit(self, prompt: str | Message, *, id: str | None = None) -> State:
         """Create a run that no process drives yet (a worker or ``resume`` picks it up)."""
         store = self._require_store("submit")
-        state = self._new_state(prompt, id)
-        batch = state.next_batch()
-        store.create(state.id, batch, state.info())
-        state.batch_saved()
+        journal = taking.new_run(self, prompt, id, None)
+        state = journal.state
+        store.create(state.id, journal.next_batch(), state.info())
         state.store_identity = store.identity
         return state
 
@@ -391,126 +341,20 @@ class Agent:
             )
         return self.store
 
-    def _new_state(
-        self, prompt: str | Message | State, run_id: str | None, output: OutputSpec | None = None
-    ) -> State:
-        output = output or self.output
-        if isinstance(prompt, State):
-            messages, run_id = list(prompt.messages), prompt.id
-        else:
-            messages = [Message.user(prompt) if isinstance(prompt, str) else prompt]
-        state = State(id=run_id)
-        state.queue(
-            j.RunStarted,
-            output_type=output.type_path if output is not None else None,
-            agent=self.name,
-            fingerprint=self.fingerprint(),
-            budgets=self.budgets(),
-            root_id=state.id,
-        )
-        for message in messages:
-            state.queue(j.MessageAdded, role=message.role, content=list(message.content))
-        return state
-
     async def _take_for_run(
-        self, prompt: str | Message | State, run_id: str | None, output: OutputSpec | None = None
-    ) -> tuple[State, Store, Lease]:
+        self, prompt: str | Message | State, run_id: str | None, output: OutputSpec | None
+    ) -> tuple[Store, JournalWriter, Lease]:
         store = self.store if self.store is not None else MemoryStore()
         if isinstance(prompt, State) and prompt.history:
             if run_id is not None and run_id != prompt.id:
                 raise ValueError(f"id={run_id!r} differs from the State's id {prompt.id!r}. Fix: drop id=")
-            return await self._take_state(store, prompt)
-        if isinstance(prompt, State):
-            store.check_state(prompt)
-        state = self._new_state(prompt, run_id, output)
-        owner = Owner.here(state.writer)
-        batch = state.next_batch()
-        lease = await store.run_io(
-            store.create, state.id, batch, state.info(), owner=owner, ttl=self._ttl(store)
-        )
-        assert lease is not None
-        state.batch_saved()
-        state.store_identity = store.identity
-        if isinstance(prompt, State):
-            prompt.__dict__.update(state.__dict__)
-            state = prompt
-        return state, store, lease
+            journal, lease = await taking.take_state(self, store, prompt)
+        else:
+            journal, lease = await taking.take_new(self, store, prompt, run_id, output)
+        return store, journal, lease
 
-    def _ttl(self, store: Store) -> float | None:
+    def lease_ttl_for(self, store: Store) -> float | None:
+        """The lease length this agent takes runs of ``store`` for (None: the store's lease is a lock)."""
         if store.ttl is None:
             return None  # the store's lease is a lock the OS drops
         return self.lease_ttl if self.lease_ttl is not None else store.ttl
-
-    async def _take_state(self, store: Store, state: State) -> tuple[State, Store, Lease]:
-        """Drive a State loaded earlier: post its changes, take the run, refuse it if stale (DURABILITY 1.4)."""
-        store.check_state(state)
-        self._check_run(state)
-        posted: set[int] = set()
-        for item in state.take_local_changes():
-            if item.get("run_id") not in (None, state.id):  # a subagent's call: its own inbox
-                body = {k: v for k, v in item.items() if k != "run_id"}
-                await store.run_io(store.post, item["run_id"], body, item_id=item["item_id"])
-                continue
-            seq = await store.run_io(
-                store.post, state.id, {**item, "run_h": state.history[0].h}, item_id=item["item_id"]
-            )
-            posted.add(seq)
-        state.local_changes_posted()
-        lease = await store.run_io(store.claim, state.id, Owner.here(state.writer), self._ttl(store))
-        try:
-            fresh = await store.run_io(store.read, state.id, state.saved - 1)
-            foreign = _foreign_entries(fresh, posted)
-            if foreign:
-                raise ConflictError(
-                    f"run {state.id} has {len(foreign)} entries this State has not seen. Fix: store.load(id) again",
-                    run_id=state.id,
-                    seq=foreign[0].seq,
-                )
-            for entry in fresh:
-                state.apply(entry)
-            state.batch_saved()
-            state.mark_saved()
-        except BaseException:
-            await store.run_io(store.abandon, lease)
-            raise
-        return state, store, lease
-
-    async def _take_existing(self, store: Store, run_id: str) -> tuple[State, Lease]:
-        j.validate_run_id(run_id)
-        owner = Owner.here()
-        lease = await store.run_io(store.claim, run_id, owner, self._ttl(store))
-        try:
-            state = await store.run_io(store.load, run_id)
-            state.writer = owner.writer
-            self._check_run(state)
-        except BaseException:
-            await store.run_io(store.abandon, lease)
-            raise
-        return state, lease
-
-    def _check_run(self, state: State) -> None:
-        if state.parent_id is not None:
-            raise ValueError(
-                f"run {state.id} is a subagent of {state.parent_id}. Fix: resume {state.root_id or state.parent_id}"
-            )
-        if state.agent and state.agent != self.name:
-            raise ValueError(
-                f"run {state.id} belongs to agent {state.agent}; this is {self.name}. Fix: resume it with {state.agent}"
-            )
-
-
-def _foreign_entries(fresh: list[j.Entry], posted: set[int]) -> list[j.Entry]:
-    """Entries appended since a State was loaded that did not come from its own posted items.
-
-    A State's own decision may have been journaled by someone else with the denied call's closing
-    ``tool_finished`` right after it; those are its own too (DURABILITY 1.4).
-    """
-    foreign: list[j.Entry] = []
-    own_decisions: set[str] = set()
-    for entry in fresh:
-        if getattr(entry, "inbox_seq", None) in posted:
-            if isinstance(entry, j.ApprovalDecided):
-                own_decisions.add(entry.call_id)
-        elif not (isinstance(entry, j.ToolFinished) and entry.call_id in own_decisions):
-            foreign.append(entry)
-    return foreign

@@ -3,6 +3,8 @@
 Loading is replay and nothing else. The fold keeps status, usage, turn, messages, pending approvals and
 open calls incrementally, so no per-step cost grows with history. Changes made outside a driver
 (``add_message``, ``approve``, ``deny``) become inbox items that ``store.save`` or a driver journals.
+Writing is not the State's job: a ``tether.writing.JournalWriter`` makes new entries, folds each one into
+the State, and appends them.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ class State:
         self.id: str = j.validate_run_id(id) if id is not None else j.new_run_id()
         self.history: list[j.Entry] = []
         self.messages: list[Message] = []
-        self.writer: str = j.new_writer_id()
         self.agent: str | None = None
         self.fingerprint: dict[str, Any] | None = None
         self.budgets: dict[str, Any] = {}
@@ -74,8 +75,6 @@ class State:
         self._local: list[dict[str, Any]] = []  # changes not saved yet, as inbox items
         self._decided_locally: dict[str, DecisionRecord] = {}
         self._decided_children: set[tuple[str | None, str]] = set()
-        self._saved = 0  # entries known durable
-        self._batch: list[j.Entry] | None = None  # a sealed append in flight (resent as it is on retry)
         self.store_identity: str | None = None
         for message in messages or ():
             self.messages.append(Message.user(message) if isinstance(message, str) else message)
@@ -173,11 +172,6 @@ class State:
     def is_open(self, call_id: str) -> bool:
         """Whether the call has no ``tool_finished`` yet (internal use by the driver)."""
         return call_id in self._open
-
-    @property
-    def unsaved(self) -> int:
-        """How many entries of ``history`` are not durable yet."""
-        return len(self.history) - self._saved
 
     def __repr__(self) -> str:
         return f"State(id={self.id!r}, status={self.status!r}, turn={self.turn}, entries={len(self.history)})"
@@ -298,14 +292,7 @@ class State:
         state = cls(id=run_id)
         for entry in entries:
             state.apply(entry)
-        state._saved = len(state.history)
         return state
-
-    def queue(self, entry_type: type[j.Entry], **fields: Any) -> j.Entry:
-        """Make the next entry, fold it, and keep it unsaved until a writer appends it."""
-        entry = entry_type(seq=len(self.history), at=j.now_iso(), **fields)
-        self.apply(entry)
-        return entry
 
     def apply(self, entry: j.Entry) -> None:
         """Fold one entry (its seq must be the next one)."""
@@ -536,28 +523,29 @@ class State:
             "inbox_consumed": self.inbox_consumed,
         }
 
-    def next_batch(self) -> list[j.Entry]:
-        """The append to send now: the one in flight (byte-identical on retry), else every unsaved entry."""
-        if self._batch is None:
-            self._batch = j.seal(self.history[self._saved :], self.writer)
-            self.history[self._saved :] = self._batch
-        return self._batch
+    def take_sealed(self, sealed: Sequence[j.Entry]) -> None:
+        """Hold the sealed copies of the last entries folded (a writer sealed them for an append).
 
-    def batch_saved(self) -> None:
-        """The batch from ``next_batch`` is durable."""
-        if self._batch is not None:
-            self._saved += len(self._batch)
-            self._batch = None
-
-    def mark_saved(self) -> None:
-        """Every entry of ``history`` is durable (the caller read them from the store)."""
-        self._batch = None
-        self._saved = len(self.history)
-
-    @property
-    def saved(self) -> int:
-        """How many entries are durable (the store's journal length as this State knows it)."""
-        return self._saved
+        The fold then keeps exactly the entries a later ``store.load`` returns. Each sealed entry must be
+        the folded one with ``w``, ``h`` and ``b`` set: same seq and kind.
+        """
+        if not sealed:
+            return
+        start = sealed[0].seq
+        if start + len(sealed) != len(self.history):
+            raise ValueError(
+                f"run {self.id}: sealed seqs {start}..{start + len(sealed) - 1} are not the last entries folded "
+                f"(0..{len(self.history) - 1}). Fix: seal the entries the writer added, in order"
+            )
+        for entry in sealed:
+            if self.history[entry.seq].kind != entry.kind:
+                raise ValueError(
+                    f"run {self.id} seq {entry.seq}: a sealed {entry.kind} does not match the folded "
+                    f"{self.history[entry.seq].kind}. Fix: seal the entries the writer added, in order"
+                )
+        self.history[start:] = sealed
+        if self._stopped is not None and self._stopped.seq >= start:
+            self._stopped = self.history[self._stopped.seq]  # type: ignore[assignment]
 
 
 _HANDLERS: dict[str, Any] = {

@@ -1,38 +1,91 @@
-"""The driver: takes a held run to its next stop (DESIGN 5, 7, DURABILITY 1-2).
+"""The drive: takes a held run to its next stop, then releases it (DESIGN 5, 7; DURABILITY 1, 2).
 
-One ``Drive`` per driven run. It consumes the inbox first, recovers open calls from what the journal
-recorded, then loops: run the calls that can run, or ask the model, until the run completes, fails, waits
-for a person, or is interrupted; then it releases the run. The steps live in ``_drive_core``,
-``_drive_model`` and ``_drive_tools``.
+One ``Drive`` per driven run, composed of objects with one job each: the ``Writer`` appends, the
+``InboxWatch`` polls and journals the inbox, ``recovery`` closes what the journal says must be closed, the
+``ModelStep`` asks the model, the ``ToolStep`` runs calls, ``Children`` enters subagent runs, the
+``HumanStep`` asks a person, the ``Renewer`` keeps the lease. The drive itself is the loop: consume the
+inbox first, recover, then run the calls that can run or ask the model until the run completes, fails,
+waits for a person, or is interrupted; then release.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from .. import journal as j
 from ..errors import LeaseLostError
-from ..inbox import close_denied, consume
-from ..state import ABORTED_UNKNOWN, State
+from ..events import Event
+from ..messages import text_block
+from ..output import OutputSpec, imported_type, output_spec
+from ..state import State
+from ..stores.base import Lease, Store
+from ..stores.operations import skip_orphaned_items
+from ..writing import JournalWriter
+from .agent_spec import DrivenAgent
+from .approvals import HumanStep
+from .inbox import InboxWatch
+from .model_step import ModelStep
+from .recovery import check_agent, recover
 from .renewal import ACTIVE_DRIVES, Renewer
+from .subagents import Children
+from .tool_step import ToolStep
+from .writer import StartGate, Writer
 
-if TYPE_CHECKING:
-    pass
-
-from ..messages import text_block as _text
-from .core import backoff
-from .subagents import skip_orphaned_items
-from .tool_step import ToolSteps
-
-__all__ = ["Drive", "backoff"]
-
-log = logging.getLogger("tether")
+__all__ = ["Drive"]
 
 
-class Drive(ToolSteps):
-    """Drives one held run to its next stop."""
+class Drive:
+    """Drives one held run to its next stop.
+
+    Args:
+        agent: the driving agent.
+        store: where the run lives.
+        journal: the run's JournalWriter, whose State holds every durable entry (and the writer id of the
+            lease's owner).
+        lease: this process's hold on the run.
+        emit: where ``agent.stream`` receives entries (after their append) and text deltas.
+        inherited: a parent's remaining budgets, for a subagent's run.
+        output: the structured output the run must end with (default: the agent's, else the journal's).
+    """
+
+    def __init__(
+        self,
+        agent: DrivenAgent,
+        store: Store,
+        journal: JournalWriter,
+        lease: Lease,
+        *,
+        emit: Callable[[Event], None] | None = None,
+        inherited: dict[str, Any] | None = None,
+        output: OutputSpec | None = None,
+    ) -> None:
+        self.agent = agent
+        self.store = store
+        self.state = journal.state
+        self.gate = StartGate()
+        self.writer = Writer(store, lease, journal, self.gate, emit)
+        self.inbox = InboxWatch(self.writer, agent.poll_interval, self._cancel_children)
+        self.children = Children(agent, self.writer, inherited, _drive_child)
+        admitted: dict[str, dict[str, Any]] = {}
+        self.model = ModelStep(
+            agent,
+            self.writer,
+            self.inbox,
+            output=output if output is not None else agent.output or _journaled_output(self.state),
+            admitted=admitted,
+            inherited=inherited,
+            emit=emit,
+        )
+        self.tools = ToolStep(agent, self.writer, self.inbox, self.gate, admitted, self.children)
+        self.human = (
+            HumanStep(agent.human, self.writer, self.inbox, agent.poll_interval) if agent.human else None
+        )
+        self.inherited = inherited
+        self._start_seq = len(self.state.history)  # a run_stopped from here on was written by this drive
+        self._waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
+        self._lease_lost = False
 
     async def run(self) -> State:
         """Drive to the next stop and release the run; returns the State."""
@@ -40,9 +93,10 @@ class Drive(ToolSteps):
         loop = asyncio.get_running_loop()
         assert task is not None
         ACTIVE_DRIVES.add((loop, task))
-        if self.lease.expires_at is not None and self.lease.ttl:
-            self.renewer = Renewer(self.store, self.lease, self.lease.ttl, lambda: self._lost(loop, task))
-            self.renewer.start()
+        lease = self.writer.lease
+        if lease.expires_at is not None and lease.ttl:
+            self.gate.renewer = Renewer(self.store, lease, lease.ttl, lambda: self._lost(loop, task))
+            self.gate.renewer.start()
         try:
             await self._take_over()
             while True:
@@ -54,14 +108,14 @@ class Drive(ToolSteps):
             raise
         finally:
             ACTIVE_DRIVES.discard((loop, task))
-            if self.renewer is not None:
-                self.renewer.stop_event.set()
+            if self.gate.renewer is not None:
+                self.gate.renewer.stop_event.set()
 
     async def run_compaction(self) -> State:
         """Consume the inbox, compact, and release: ``agent.compact`` as a short-lived taker."""
         try:
-            await self._consume_inbox()
-            await self.compact()
+            await self.inbox.consume()
+            await self.model.compact()
             while not await self._release():
                 pass
             return self.state
@@ -69,164 +123,93 @@ class Drive(ToolSteps):
             await self._close_after(exc)
             raise
 
+    def _stopped_here(self) -> bool:
+        """Whether this drive wrote the ``run_stopped`` in force (a message since would have reopened it)."""
+        return self.state.stopped_seq >= self._start_seq
+
     def _lost(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-        self.lease_lost = True
+        self._lease_lost = True
         loop.call_soon_threadsafe(task.cancel)
+
+    async def _cancel_children(self) -> None:
+        await self.tools.cancel_children()
 
     async def _take_over(self) -> None:
         """Consume first, then recover (DURABILITY 1.3, DESIGN 7)."""
-        await self._consume_inbox()
-        state = self.state
+        await self.inbox.consume()
+        state, store, writer = self.state, self.store, self.writer
         # A root a worker may claim again: items posted to subagents whose call closed can do nothing.
         if (
             state.parent_id is None
             and state.subagent_calls
-            and self.store.ttl is not None
-            and await self.store.run_io(skip_orphaned_items, self.store, state) > 0
+            and store.ttl is not None
+            and await store.run_io(skip_orphaned_items, store, state) > 0
         ):
-            self.act()  # the tree changed: the root's own entries say when it was last acted on
+            writer.act()  # the tree changed: the root's own entries say when it was last acted on
         if state.status in ("running", "failed") and state.resumes_since_progress >= 3:
-            self.act()
-            state.queue(
-                j.RunStopped,
-                status="failed",
-                reason="crash loop: the run was resumed 3 times without progress",
-                usage=dict(state.usage),
-            )
-            self.done = True
-            await self.flush()
+            writer.act()
+            reason = "crash loop: the run was resumed 3 times without progress"
+            writer.add(j.RunStopped, status="failed", reason=reason, usage=dict(state.usage))
+            await writer.flush()
             return
-        self.waiting_at_take = state.status == "waiting" and not await self._children_with_work()
-        if state.status in j.FINAL_STATUSES or self.waiting_at_take:
+        self._waiting_at_take = state.status == "waiting" and not await self.children.with_work()
+        if state.status in j.FINAL_STATUSES or self._waiting_at_take:
             return  # returned as it is: a changed agent is noted only when the run goes on
         if state.status == "stopped" and self.agent.budget_exceeded(state, self.inherited) is not None:
             return
-        self._check_agent()
-        self._recover()  # flushed with the first start or request, so a decision and its start share an append
-
-    def _check_agent(self) -> None:
-        state, agent = self.state, self.agent
-        if not state.history:
-            return
-        fingerprint = agent.fingerprint()
-        if state.fingerprint is not None and state.fingerprint != fingerprint:
-            if agent.strict_resume:
-                raise ValueError(
-                    f"run {state.id} was started with another model, instructions or tool set. Fix: resume it "
-                    "with the agent it was started with, or pass strict_resume=False"
-                )
-            self.act()
-            state.queue(j.AgentChanged, old=state.fingerprint, new=fingerprint)
-        budgets = agent.budgets()
-        if budgets != state.budgets:
-            self.act()
-            state.queue(j.BudgetsChanged, old=state.budgets, new=budgets)
-
-    def _recover(self) -> None:
-        """Close what the journal says must be closed; calls to run stay open for the loop."""
-        state = self.state
-        for call in state.open_calls:
-            tool = self.agent.tool(call.tool)
-            record = state.call(call.call_id)
-            assert record is not None
-            if call.action == "deny":
-                self.act()
-                decision = record.decision
-                assert decision is not None
-                close_denied(state, call.call_id, decision.round, decision.by, decision.reason)
-            elif call.action == "wait":
-                continue
-            elif tool is None and call.action in ("run", "retry", "abort") and call.attempt == 0:
-                self.act()
-                state.queue(
-                    j.ToolFinished,
-                    call_id=call.call_id,
-                    outcome="input_error",
-                    content=[_text(self.agent.unknown_tool_text(call.tool))],
-                )
-            elif tool is None and call.action in ("retry", "abort"):
-                self.act()
-                state.queue(
-                    j.ToolFinished,
-                    call_id=call.call_id,
-                    outcome="aborted",
-                    content=[_text(f"aborted: tool {call.tool} is not in this agent")],
-                )
-            elif call.action == "abort":
-                if call.reason == ABORTED_UNKNOWN and self.agent.on_unknown == "ask":
-                    self.act()
-                    state.queue(
-                        j.ApprovalRequested,
-                        call_id=call.call_id,
-                        round=max(record.last_round + 1, 1),  # round 0 is for rules (DURABILITY 2.5)
-                        tool=call.tool,
-                        args=call.args,
-                        question="the run stopped while this call ran: run it again, or report it aborted?",
-                    )
-                else:
-                    self.act()
-                    text = call.reason if call.reason.startswith("unknown") else f"aborted: {call.reason}"
-                    state.queue(
-                        j.ToolFinished, call_id=call.call_id, outcome="aborted", content=[_text(text)]
-                    )
+        check_agent(writer, self.agent)
+        recover(
+            writer, self.agent
+        )  # flushed with the first start or request: a decision and its start share it
 
     async def _drive_until_release(self) -> None:
         state = self.state
-        while not self.done and not self.stopping:
+        while not self._stopped_here() and not self.gate.stopping:
             status = state.status
             if status in j.FINAL_STATUSES:
                 return
             if status == "stopped" and self.agent.budget_exceeded(state, self.inherited) is not None:
                 return
-            if self.agent.human is not None and not self.waiting_at_take:
-                await self._ask_human()
-                if self.done or state.status == "cancelled":
+            if self.human is not None and not self._waiting_at_take:
+                await self.human.ask()
+                if self._stopped_here() or state.status == "cancelled":
                     return
             open_calls = state.open_calls
             runnable = [c.call_id for c in open_calls if c.action in ("run", "retry", "resume_child")]
-            if not runnable and open_calls and not self.child_busy:
-                runnable = await self._children_with_work()
-            if runnable and not self.child_busy:
-                await self._run_calls(runnable)
+            if not runnable and open_calls and not self.children.busy:
+                runnable = await self.children.with_work()
+            if runnable and not self.children.busy:
+                await self.tools.run(runnable)
                 continue
             if open_calls:  # every open call waits for a person (or a child)
                 return
-            await self._ask()
+            await self.model.ask()
 
     async def _release(self) -> bool:
         """Release the run; False when the inbox or journal grew (the caller consumes and drives again)."""
         state = self.state
-        if self.acted and state.status not in j.STOP_STATUSES and state.history[-1].kind != "run_released":
+        if (
+            self.writer.acted
+            and state.status not in j.STOP_STATUSES
+            and state.history[-1].kind != "run_released"
+        ):
             reason = "waiting for a decision" if state.status == "waiting" else "stopped with work left"
-            state.queue(j.RunReleased, reason=reason)
-        await self.flush()
-        released = await self.store.run_io(
-            self.store.release, self.lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1
-        )
-        if released:
+            self.writer.add(j.RunReleased, reason=reason)
+        if await self.writer.release():
             return True
-        await self._consume_inbox()
-        if self.stopping:
-            return False
-        self.done = state.status in ("cancelled",)
+        await self.inbox.consume()
         return False
 
     async def _close_after(self, exc: BaseException) -> None:
         """After an interrupt or error: abort in-flight unsafe calls, write ``run_released``, release."""
-        self.stopping = True
-        for task in self.tasks.values():
-            task.cancel()
-        # Calls handed to a thread by the store's thread but never awaited are in flight too.
-        in_flight = list(self.tasks) + [c for c in self.prestarted if c in self.handed_over]
-        for future in self.prestarted.values():
-            future.add_done_callback(_drop_result)  # no one awaits it now: its result is not needed
-        self.tasks, self.prestarted = {}, {}
-        state = self.state
-        if self.save_failed is not None:
-            await self._give_up()  # the store refused this append; a retry here would fail the same way
+        self.gate.stopping = True
+        in_flight = self.tools.interrupted()
+        state, writer = self.state, self.writer
+        if writer.save_failed is not None:
+            await writer.give_up()  # the store refused this append; a retry here would fail the same way
             return
-        if isinstance(exc, LeaseLostError) or self.lease_lost:
-            await self._give_up()
+        if isinstance(exc, LeaseLostError) or self._lease_lost:
+            await writer.give_up()
             if not isinstance(exc, LeaseLostError):
                 raise LeaseLostError(
                     f"run {state.id} lease was lost (renewals failed for ttl/2). Fix: nothing; another process "
@@ -236,39 +219,52 @@ class Drive(ToolSteps):
             return
         try:
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
-                for call_id in in_flight:
-                    record = state.call(call_id)
-                    if record is None or record.outcome is not None:
-                        continue
-                    if (record.effect or "unsafe") == "unsafe" and call_id in {
-                        c.call_id for c in state.open_calls
-                    }:
-                        text = (
-                            "aborted: the run was interrupted while this call ran; it may or may not have run"
-                        )
-                        state.queue(j.ToolFinished, call_id=call_id, outcome="aborted", content=[_text(text)])
-                if self.acted and state.status not in j.STOP_STATUSES:
-                    state.queue(j.RunReleased, reason=f"interrupted ({type(exc).__name__})")
+                _abort_in_flight(writer, in_flight)
+                if writer.acted and state.status not in j.STOP_STATUSES:
+                    writer.add(j.RunReleased, reason=f"interrupted ({type(exc).__name__})")
             for _ in range(3):
-                await self.flush()
-                released = await self.store.run_io(
-                    self.store.release,
-                    self.lease,
-                    at_seq=len(state.history),
-                    inbox_len=state.inbox_consumed + 1,
-                )
-                if released:
+                if await writer.release():
                     return
-                items = await self._read_inbox()  # stopping: journal without acting
-                consume(state, items)
-            await self._give_up()
+                await self.inbox.consume_stopping()
+            await writer.give_up()
         except BaseException as save_error:
             if save_error is not exc:
                 exc.add_note(f"saving the run also failed: {type(save_error).__name__}: {save_error}")
-            await self._give_up()
+            await writer.give_up()
 
 
-def _drop_result(future: asyncio.Future[Any]) -> None:
-    """Mark a late call's outcome as read (it was closed without it), so asyncio does not log it."""
-    if not future.cancelled():
-        future.exception()
+def _abort_in_flight(writer: Writer, in_flight: list[str]) -> None:
+    """Close the ``unsafe`` calls an interrupt cut off mid-way (DESIGN 5.4); the others stay open for a resume."""
+    state = writer.journal.state
+    still_open = {c.call_id for c in state.open_calls}
+    for call_id in in_flight:
+        record = state.call(call_id)
+        if record is None or record.outcome is not None:
+            continue
+        if (record.effect or "unsafe") == "unsafe" and call_id in still_open:
+            text = "aborted: the run was interrupted while this call ran; it may or may not have run"
+            writer.add(j.ToolFinished, call_id=call_id, outcome="aborted", content=[text_block(text)])
+
+
+async def _drive_child(
+    agent: DrivenAgent, store: Store, journal: JournalWriter, lease: Lease, inherited: dict[str, Any]
+) -> State:
+    """Drive a subagent's run (held by this process) to its next stop."""
+    return await Drive(agent, store, journal, lease, inherited=inherited).run()
+
+
+def _journaled_output(state: State) -> OutputSpec | None:
+    """The output type a run was started with, when its module is imported here (never imported for it).
+
+    Raises:
+        ValueError: the run needs an output type this process does not have.
+    """
+    if state.output_type is None:
+        return None
+    target = imported_type(state.output_type)
+    if target is None:
+        raise ValueError(
+            f"run {state.id} was started with output_type {state.output_type}, which is not imported here. "
+            "Fix: import it, or pass Agent(output_type=...)"
+        )
+    return output_spec(target)

@@ -3,47 +3,89 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import TYPE_CHECKING, Any
+import random
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
 from .. import journal as j
 from ..context import build_request
-from ..events import Reset, TextDelta
+from ..events import Event, Reset, TextDelta
 from ..messages import Message
-from ..models.base import ModelReply, ModelRequest
-from ..output import OUTPUT_TOOL, OutputValidationError
-from ..tools import ToolInputError
-
-if TYPE_CHECKING:
-    pass
-
 from ..messages import text_block as _text
-from .core import COMPACT_INSTRUCTIONS, COMPACT_PROMPT, DriveCore
+from ..models.base import ModelReply, ModelRequest
+from ..output import OUTPUT_TOOL, OutputSpec, OutputValidationError
+from ..tools import ToolInputError
+from .agent_spec import DrivenAgent
+from .inbox import InboxWatch
+from .writer import Writer
 
-__all__ = ["ModelSteps"]
+__all__ = ["COMPACT_INSTRUCTIONS", "COMPACT_PROMPT", "ModelStep", "backoff"]
 
-log = logging.getLogger("tether")
+COMPACT_INSTRUCTIONS = "You summarize conversations so that work can continue from the summary alone."
+COMPACT_PROMPT = (
+    "Summarize the conversation so far for yourself: the task, what was done, the results that matter, "
+    "and what is left. Keep names, numbers and decisions exactly."
+)
 
 
-class ModelSteps(DriveCore):
-    """The steps of a drive that ask the model and journal its reply."""
+def backoff(attempt: int, base: float, retry_after: float | None, cap: float = 30.0) -> float:
+    """Exponential backoff with full jitter, never shorter than the provider's ``retry-after``."""
+    delay = min(cap, base * (2 ** max(0, attempt - 1)))
+    delay = random.uniform(delay / 2, delay)
+    return max(delay, retry_after or 0.0)
 
-    async def _ask(self) -> None:
+
+class ModelStep:
+    """Asks the model for one driven run and journals its reply (DESIGN 5.2, 5.5).
+
+    Args:
+        agent: the driving agent.
+        writer: the run's writer task.
+        inbox: the run's inbox watch (a cancel abandons a request in flight; other items wait for its reply).
+        output: the structured output the run must end with, or None.
+        admitted: filled with each call's validated arguments as a reply is planned; the tool step takes
+            them from there instead of validating again.
+        inherited: a parent's remaining budgets (for a subagent's run).
+        emit: where text deltas and resets go (``agent.stream``).
+    """
+
+    def __init__(
+        self,
+        agent: DrivenAgent,
+        writer: Writer,
+        inbox: InboxWatch,
+        *,
+        output: OutputSpec | None,
+        admitted: dict[str, dict[str, Any]],
+        inherited: dict[str, Any] | None = None,
+        emit: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.writer = writer
+        self.state = writer.journal.state
+        self.inbox = inbox
+        self.output = output
+        self.admitted = admitted
+        self.inherited = inherited
+        self.emit = emit
+        self.output_failures = 0
+
+    async def ask(self) -> None:
+        """Ask the model once (or compact, or stop on a budget) and journal what comes back."""
         state, agent = self.state, self.agent
         reason = agent.budget_exceeded(state, self.inherited)
         if reason is not None:
-            self.act()
-            state.queue(j.RunStopped, status="stopped", reason=reason, usage=dict(state.usage))
-            self.done = True
-            await self.flush()
+            self.writer.act()
+            self.writer.add(j.RunStopped, status="stopped", reason=reason, usage=dict(state.usage))
+            await self.writer.flush()
             return
-        self.act()
+        self.writer.act()
         if agent.compact_at is not None and state.context_tokens >= agent.compact_at * agent.context_window:
             await self.compact()
             return
-        await self.flush()
+        await self.writer.flush()
         schemas = agent.tool_schemas() + ([self.output.schema] if self.output is not None else [])
         request = build_request(state, agent.instructions, schemas)
         deltas = 0
@@ -66,7 +108,7 @@ class ModelSteps(DriveCore):
             raise
         if cancelled:
             ask.cancel()
-            await self._consume_inbox()
+            await self.inbox.consume()
             return
         try:
             reply = ask.result()
@@ -88,10 +130,10 @@ class ModelSteps(DriveCore):
                 f"run {state.id} has calls without a result; compaction falls between turns. Fix: resume the "
                 "run first"
             )
-        self.act()
+        self.writer.act()
         failures = 0
         while True:
-            await self.flush()
+            await self.writer.flush()
             base = build_request(state, agent.instructions, [])
             ask = [*base.messages, Message.user(COMPACT_PROMPT)]
             request = ModelRequest(base.index, COMPACT_INSTRUCTIONS, ask, [], state.id)
@@ -100,7 +142,7 @@ class ModelSteps(DriveCore):
                 break
             except Exception as exc:
                 retryable = bool(getattr(exc, "retryable", False))
-                state.queue(
+                self.writer.add(
                     j.ModelFailed,
                     error_type=type(exc).__name__,
                     error=str(exc)[:2000],
@@ -109,12 +151,12 @@ class ModelSteps(DriveCore):
                 )
                 failures += 1
                 if not retryable or failures > agent.model_retries:
-                    await self.flush()
+                    await self.writer.flush()
                     raise
                 await asyncio.sleep(agent.retry_delay_for(failures, getattr(exc, "retry_after", None)))
         summary = "".join(b.get("text", "") for b in reply.content if b.get("type") == "text").strip()
-        state.queue(j.Compacted, summary=summary, upto_seq=len(state.history), usage=reply.usage)
-        await self.flush()
+        self.writer.add(j.Compacted, summary=summary, upto_seq=len(state.history), usage=reply.usage)
+        await self.writer.flush()
 
     async def _watch_for_cancel(self, ask: asyncio.Future[ModelReply]) -> bool:
         """Wait for the reply while watching the inbox for a cancel; returns True when one came."""
@@ -122,29 +164,29 @@ class ModelSteps(DriveCore):
             done, _ = await asyncio.wait({ask}, timeout=self.agent.poll_interval)
             if done:
                 return False
-            items = await self._read_inbox()
+            items = await self.inbox.read()
             if items:
-                seen = {item.inbox_seq for item in self.pending_items}
-                self.pending_items.extend(item for item in items if item.inbox_seq not in seen)
+                self.inbox.hold(items)
                 if any(item.type == "cancel" for item in items):
                     return True
 
     async def _model_failed(self, exc: Exception) -> None:
         state, agent = self.state, self.agent
         retryable = bool(getattr(exc, "retryable", False))
-        state.queue(j.ModelFailed, error_type=type(exc).__name__, error=str(exc)[:2000], retryable=retryable)
-        self._journal_pending_items()
+        self.writer.add(
+            j.ModelFailed, error_type=type(exc).__name__, error=str(exc)[:2000], retryable=retryable
+        )
+        self.inbox.journal_held()
         if retryable and state.failures_since_reply <= agent.model_retries:
-            await self.flush()
+            await self.writer.flush()
             await asyncio.sleep(
                 agent.retry_delay_for(state.failures_since_reply, getattr(exc, "retry_after", None))
             )
             return
         reason = f"{type(exc).__name__}: {exc}"
-        state.queue(j.RunStopped, status="failed", reason=reason[:2000], usage=dict(state.usage))
-        self.done = True
+        self.writer.add(j.RunStopped, status="failed", reason=reason[:2000], usage=dict(state.usage))
         try:
-            await self.flush()
+            await self.writer.flush()
         except Exception as save_error:
             exc.add_note(f"saving the run also failed: {type(save_error).__name__}: {save_error}")
         raise exc
@@ -170,7 +212,7 @@ class ModelSteps(DriveCore):
                 }
                 index += 1
             content.append(block)
-        state.queue(
+        self.writer.add(
             j.ModelReplied,
             content=content,
             stop_reason=reply.stop_reason,
@@ -182,19 +224,17 @@ class ModelSteps(DriveCore):
         for block in calls:
             if block not in results:
                 self._admit(block)
-        got_message = self._journal_pending_items()
+        got_message = self.inbox.journal_held()
         if state.status == "cancelled":
-            self.done = True
-            await self.flush()
+            await self.writer.flush()
             return
         if self.output is not None and (results or not calls):
             await self._final_result(results, content, got_message)
         elif not calls and not got_message:
             text = "".join(b.get("text", "") for b in content if b.get("type") == "text")
-            state.queue(j.RunStopped, status="completed", answer=text, usage=dict(state.usage))
-            self.done = True
+            self.writer.add(j.RunStopped, status="completed", answer=text, usage=dict(state.usage))
         if not any(c.action in ("run", "retry") for c in state.open_calls):
-            await self.flush()
+            await self.writer.flush()
 
     async def _final_result(
         self, results: list[dict[str, Any]], content: list[dict[str, Any]], got_message: bool
@@ -207,38 +247,39 @@ class ModelSteps(DriveCore):
             problem = (
                 f"the answer must be given by calling {OUTPUT_TOOL}. Fix: call {OUTPUT_TOOL} with the result"
             )
-            state.queue(j.MessageAdded, role="user", content=[_text(problem)])
+            self.writer.add(j.MessageAdded, role="user", content=[_text(problem)])
         for extra in results[1:]:
             text = f"only one final result is taken. Fix: call {OUTPUT_TOOL} once"
-            state.queue(j.ToolFinished, call_id=extra["id"], outcome="input_error", content=[_text(text)])
+            self.writer.add(j.ToolFinished, call_id=extra["id"], outcome="input_error", content=[_text(text)])
         if results:
             try:
                 value = output.validate(results[0].get("args"))
             except ValueError as exc:
                 problem = str(exc)
-                state.queue(
+                self.writer.add(
                     j.ToolFinished, call_id=results[0]["id"], outcome="input_error", content=[_text(problem)]
                 )
         if problem is not None:
             self.output_failures += 1
             if self.output_failures > self.agent.output_retries:
                 reason = f"the final result did not validate after {self.output_failures} tries: {problem}"
-                state.queue(j.RunStopped, status="failed", reason=reason, usage=dict(state.usage))
-                self.done = True
-                await self.flush()
+                self.writer.add(j.RunStopped, status="failed", reason=reason, usage=dict(state.usage))
+                await self.writer.flush()
                 raise OutputValidationError(f"run {state.id}: {reason}")
             return
-        state.queue(
+        self.writer.add(
             j.ToolFinished, call_id=results[0]["id"], outcome="done", content=[_text("final result accepted")]
         )
         for call in state.open_calls:
             if call.attempt == 0 and call.action in ("run", "wait"):
                 text = "not run: the final result was given"
-                state.queue(j.ToolFinished, call_id=call.call_id, outcome="cancelled", content=[_text(text)])
+                self.writer.add(
+                    j.ToolFinished, call_id=call.call_id, outcome="cancelled", content=[_text(text)]
+                )
         if got_message:
             return  # a message came in meanwhile: the model is asked again
         dumped = output.dump(value)
-        state.queue(
+        self.writer.add(
             j.RunStopped,
             status="completed",
             answer=orjson.dumps(dumped).decode(),
@@ -246,28 +287,25 @@ class ModelSteps(DriveCore):
             output_type=output.type_path,
             usage=dict(state.usage),
         )
-        self.done = True
 
     def _admit(self, block: dict[str, Any]) -> None:
         """Step 1-3 of DESIGN 5.2 for one call: input errors, deny rules, ask rules."""
-        state, agent = self.state, self.agent
+        agent = self.agent
         call_id, name = block["id"], block["name"]
         tool = agent.tool(name)
         if tool is None:
             text = agent.unknown_tool_text(name)
-            state.queue(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(text)])
+            self.writer.add(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(text)])
             return
         try:
-            self.validated[call_id] = tool.validate(
-                block.get("args") if block.get("args") is not None else {}
-            )
+            self.admitted[call_id] = tool.validate(block.get("args") if block.get("args") is not None else {})
         except ToolInputError as exc:
-            state.queue(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(str(exc))])
+            self.writer.add(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(str(exc))])
             return
         decision, reason = agent.permission_for(tool)
         if decision == "deny":
-            state.queue(
+            self.writer.add(
                 j.ToolFinished, call_id=call_id, outcome="denied", content=[_text(f"denied: {reason}")]
             )
         elif decision == "ask":
-            state.queue(j.ApprovalRequested, call_id=call_id, round=0, tool=name, args=block.get("args"))
+            self.writer.add(j.ApprovalRequested, call_id=call_id, round=0, tool=name, args=block.get("args"))

@@ -9,30 +9,32 @@ makes the parent journal ``child_waiting``; the parent re-enters the call once t
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .. import budgets
 from .. import journal as j
 from ..errors import RunBusyError, RunNotFoundError
 from ..messages import text_block
 from ..state import State
 from ..stores.base import Lease, Owner, Store
+from ..stores.operations import child_id_for
 from ..tools import Tool
+from ..writing import JournalWriter
+from .agent_spec import DrivenAgent
+from .writer import Writer
 
-if TYPE_CHECKING:
-    from ..agent import Agent
+__all__ = ["ChildBusy", "ChildOutcome", "Children", "DriveChild", "child_needs_work", "subagent_tool"]
 
-__all__ = ["ChildBusy", "ChildOutcome", "child_id_for", "child_needs_work", "drive_child", "subagent_tool"]
+log = logging.getLogger("tether")
 
-
-def child_id_for(parent_id: str, call_id: str) -> str:
-    """The child run's id: ``parent_id[:64] + "-" + sha256(parent_id NUL call_id)[:24]``."""
-    digest = hashlib.sha256(f"{parent_id}\x00{call_id}".encode()).hexdigest()[:24]
-    return f"{parent_id[:64]}-{digest}"
+DriveChild = Callable[[DrivenAgent, Store, JournalWriter, Lease, dict[str, Any]], Awaitable[State]]
+"""Drives a child run this process holds to its next stop: ``(agent, store, writer, lease, inherited)``."""
 
 
-def subagent_tool(agent: Agent) -> Tool:
+def subagent_tool(agent: DrivenAgent) -> Tool:
     """The tool a parent's model sees for ``agent``: its name and description, one ``prompt`` argument."""
     if not agent.description:
         raise ValueError(
@@ -66,39 +68,97 @@ class ChildOutcome:
     child_id: str
 
 
-async def drive_child(
-    parent: State, call_id: str, prompt: str, sub: Agent, store: Store, inherited: dict[str, Any], poll: float
-) -> ChildOutcome:
-    """Create or resume the child of ``call_id`` and drive it to its next stop."""
-    from .drive import Drive
+class Children:
+    """The subagent runs of one driven run: entering their calls, and finding those with work.
 
-    child_id = child_id_for(parent.id, call_id)
-    owner = Owner.here()
-    lease = await _create_child(parent, call_id, child_id, prompt, sub, store, owner)
-    if lease is None:
-        child = await store.run_io(store.load, child_id)
-        if child.status in j.STOP_STATUSES and not await _has_items(store, child):
-            return _outcome(child)
-        lease = await _claim_child(store, child_id, owner, sub, poll)
-    state = await store.run_io(store.load, child_id)
-    state.writer = owner.writer
-    try:
-        child = await Drive(sub, store, state, lease, inherited=inherited).run()
-    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
-        raise
-    except Exception:
-        child = await store.run_io(store.load, child_id)  # a failed child: its run_stopped says why
-        if child.status not in j.STOP_STATUSES:
+    Args:
+        agent: the parent's agent.
+        writer: the parent run's writer task.
+        inherited: the parent's own inherited budgets (a subagent of a subagent).
+        drive_child: drives a child run to its next stop (the driver, injected so this module does not
+            import it).
+
+    Attributes:
+        busy: a child is held by another live process; the parent releases with that call open.
+    """
+
+    def __init__(
+        self, agent: DrivenAgent, writer: Writer, inherited: dict[str, Any] | None, drive_child: DriveChild
+    ) -> None:
+        self.agent = agent
+        self.writer = writer
+        self.inherited = inherited
+        self.drive_child = drive_child
+        self.busy = False
+
+    async def enter(
+        self, call_id: str, prompt: str, sub: DrivenAgent
+    ) -> tuple[str, list[dict[str, Any]], dict[str, int]] | None:
+        """Drive the subagent run of ``call_id``; None when it waits (``child_waiting``) or is busy."""
+        state, agent, store = self.writer.journal.state, self.agent, self.writer.store
+        limits = budgets.tighter(agent.budgets(), self.inherited) if self.inherited else agent.budgets()
+        left = budgets.remaining(limits, state.turn, state.usage, agent.price)
+        try:
+            result = await self._drive(state, call_id, prompt, sub, store, left)
+        except ChildBusy as exc:
+            log.warning("run %s: %s; releasing with call %s open", state.id, exc, call_id)
+            self.busy = True
+            return None
+        if result.outcome is None:
+            self.writer.add(j.ChildWaiting, call_id=call_id, child_id=result.child_id, pending=result.pending)
+            await self.writer.flush()
+            return None
+        return result.outcome, result.content, result.usage
+
+    async def with_work(self) -> list[str]:
+        """Open calls waiting on a child that has something to act on (they are re-entered)."""
+        state, store = self.writer.journal.state, self.writer.store
+        out = []
+        for call in state.open_calls:
+            record = state.call(call.call_id)
+            if (
+                record is not None
+                and record.child_id is not None
+                and await store.run_io(child_needs_work, store, record.child_id)
+            ):
+                out.append(call.call_id)
+        return out
+
+    async def _drive(
+        self,
+        parent: State,
+        call_id: str,
+        prompt: str,
+        sub: DrivenAgent,
+        store: Store,
+        inherited: dict[str, Any],
+    ) -> ChildOutcome:
+        """Create or resume the child of ``call_id`` and drive it to its next stop."""
+        child_id = child_id_for(parent.id, call_id)
+        owner = Owner.here()
+        lease = await _create_child(parent, call_id, child_id, prompt, sub, store, owner)
+        if lease is None:
+            child = await store.run_io(store.load, child_id)
+            if child.status in j.STOP_STATUSES and not await _has_items(store, child):
+                return _outcome(child)
+            lease = await _claim_child(store, child_id, owner, sub, self.agent.poll_interval)
+        state = await store.run_io(store.load, child_id)
+        try:
+            child = await self.drive_child(sub, store, JournalWriter(state, owner.writer), lease, inherited)
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             raise
-    return _outcome(child)
+        except Exception:
+            child = await store.run_io(store.load, child_id)  # a failed child: its run_stopped says why
+            if child.status not in j.STOP_STATUSES:
+                raise
+        return _outcome(child)
 
 
 async def _create_child(
-    parent: State, call_id: str, child_id: str, prompt: str, sub: Agent, store: Store, owner: Owner
+    parent: State, call_id: str, child_id: str, prompt: str, sub: DrivenAgent, store: Store, owner: Owner
 ) -> Lease | None:
-    state = State(id=child_id)
-    state.writer = owner.writer
-    state.queue(
+    writer = JournalWriter(State(id=child_id), owner.writer)
+    writer.add(
         j.RunStarted,
         agent=sub.name,
         fingerprint=sub.fingerprint(),
@@ -107,24 +167,24 @@ async def _create_child(
         root_id=parent.root_id or parent.id,
         parent_call_id=call_id,
     )
-    state.queue(j.MessageAdded, role="user", content=[text_block(prompt)])
-    batch = state.next_batch()
-    ttl = sub._ttl(store)
+    writer.add(j.MessageAdded, role="user", content=[text_block(prompt)])
+    batch = writer.next_batch()
+    ttl = sub.lease_ttl_for(store)
     try:
-        return await store.run_io(store.create, child_id, batch, state.info(), owner=owner, ttl=ttl)
+        return await store.run_io(store.create, child_id, batch, writer.state.info(), owner=owner, ttl=ttl)
     except ValueError:
         if await store.run_io(store.exists, child_id):
             return None  # made by an earlier entry of this call
         raise
 
 
-async def _claim_child(store: Store, child_id: str, owner: Owner, sub: Agent, poll: float) -> Lease:
+async def _claim_child(store: Store, child_id: str, owner: Owner, sub: DrivenAgent, poll: float) -> Lease:
     """Take the child, waiting up to its lease's ttl for a dead holder's lease to expire (DURABILITY 6)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (store.ttl or 0.0)
     while True:
         try:
-            return await store.run_io(store.claim, child_id, owner, sub._ttl(store))
+            return await store.run_io(store.claim, child_id, owner, sub.lease_ttl_for(store))
         except RunBusyError as exc:
             if loop.time() >= deadline:
                 raise ChildBusy(str(exc)) from exc
@@ -174,61 +234,3 @@ def child_needs_work(store: Store, child_id: str) -> bool:
         for call in (child.call(c.call_id) for c in child.open_calls)
         if call is not None
     )
-
-
-def cancel_tree(store: Store, run_id: str, by: str | None = None, by_parent: bool = False) -> State | None:
-    """Cancel a run and, first, every open subagent run under it (DURABILITY 6).
-
-    Each run gets a cancel item in its inbox and is settled at once when no one holds it (a held run's
-    driver acts on it within its poll interval). ``by_parent`` lets a parent's cancel take its child
-    (DURABILITY 6: a child is otherwise reached only through its root). Returns the run as settled, or
-    None when it is held.
-    """
-    state = store.load(run_id)
-    if state.status not in j.STOP_STATUSES:
-        for call in state.open_calls:
-            record = state.call(call.call_id)
-            if record is not None and (record.effect == "resumable" or record.child_id is not None):
-                child_id = record.child_id or child_id_for(run_id, call.call_id)
-                if store.exists(child_id):
-                    cancel_tree(store, child_id, by, by_parent=True)
-    store.post(run_id, {"type": "cancel", "by": by, "seen_seq": len(state.history)})
-    return store.settle(run_id, by_parent=by_parent)
-
-
-def skip_orphaned_items(store: Store, root: State) -> int:
-    """Journal as skipped the inbox items of subagent runs whose call in their parent has closed.
-
-    Such items can have no effect (no one will drive that child again), and left unconsumed they would make
-    ``claim_next`` offer the tree's root for ever. Returns how many runs were settled this way.
-    """
-    from ..inbox import skip_all
-
-    settled = 0
-    for info in store.list(root_id=root.id, limit=10_000):
-        if info.parent_id is None or info.inbox_len <= info.inbox_consumed + 1:
-            continue
-        parent = root if info.parent_id == root.id else store.load(info.parent_id)
-        child = store.load(info.id)
-        record = parent.call(child.parent_call_id or "")
-        if record is not None and record.outcome is None:
-            continue  # the call is open: the parent's driver re-enters it and the child consumes them
-        try:
-            lease = store.claim(info.id, Owner.here(), store.ttl)
-        except RunBusyError:
-            continue
-        try:
-            child = store.load(info.id)
-            child.writer = lease.owner.writer
-            while True:
-                skip_all(
-                    child, store.read_inbox(info.id, child.inbox_consumed), "the subagent call is closed"
-                )
-                store.append_state(child, lease)
-                if store.release(lease, at_seq=len(child.history), inbox_len=child.inbox_consumed + 1):
-                    break
-        except BaseException:
-            store.abandon(lease)
-            raise
-        settled += 1
-    return settled

@@ -1,125 +1,134 @@
-"""Running calls: starting them, invoking tools and subagents, asking a person (DESIGN 5.2-5.4, 10)."""
+"""Running a driven run's calls: starting them, invoking tools and subagents (DESIGN 5.2-5.4, 10).
+
+Each call is bracketed by ``tool_started`` (durable before the tool is invoked) and ``tool_finished``
+(durable as soon as that one result exists). A sync tool's first attempt is handed to its thread by the
+store's thread right after the append that made its start durable; async tools, retries and subagent calls
+are launched from the loop once that append returned.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import budgets
 from .. import journal as j
-from ..humans import ApprovalQuestion
-from ..inbox import close_denied
-from ..tools import ToolContext, ToolInputError, result_to_blocks
-from .invoke import call_tool, sync_tool_job, tool_result
-from .subagents import ChildBusy, drive_child
-
-if TYPE_CHECKING:
-    from ..agent import Agent
-
 from ..messages import text_block as _text
-from .model_step import ModelSteps
+from ..stores.operations import cancel_tree, child_id_for
+from ..tools import ToolContext, ToolInputError, result_to_blocks
+from .agent_spec import DrivenAgent
+from .inbox import InboxWatch
+from .invoke import call_tool, sync_tool_job, tool_result
+from .subagents import Children
+from .writer import StartGate, Writer
 
-__all__ = ["ToolSteps"]
+__all__ = ["ToolStep"]
 
 log = logging.getLogger("tether")
 
 
-class ToolSteps(ModelSteps):
-    """The steps of a drive that run calls."""
+class ToolStep:
+    """Runs the open calls of one driven run, together, while it polls the inbox.
 
-    async def _ask_human(self) -> None:
-        """Ask ``agent.human`` about each open approval, after the requests are durable (DESIGN 5.2).
+    Args:
+        agent: the driving agent.
+        writer: the run's writer task.
+        inbox: the run's inbox watch.
+        gate: whether a tool may start now.
+        admitted: the arguments the model step validated for each call of the last reply (taken from here
+            instead of validating again).
+        children: the run's subagent runs.
+    """
 
-        The inbox is read meanwhile: a decision that arrives first wins and the person is told. Answers
-        are queued as ``approval_decided`` (denials closed at once); the starts join them in one append.
-        """
-        human = self.agent.human
-        assert human is not None
-        state = self.state
-        for call in state.pending_approvals:
-            if call.call_id in self.asked:
-                continue
-            self.asked.add(call.call_id)
-            await self.flush()
-            record = state.call(call.call_id)
-            assert record is not None
-            question = ApprovalQuestion(
-                state.id, call.call_id, call.tool, call.args, call.round, call.question
-            )
-            asking = asyncio.ensure_future(human.decide(question))
-            try:
-                while not asking.done():
-                    await asyncio.wait({asking}, timeout=self.agent.poll_interval)
-                    if not asking.done() and await self._consume_inbox() and record.open_round != call.round:
-                        asking.cancel()
-                        break
-            except BaseException:
-                asking.cancel()
-                raise
-            if state.status == "cancelled":
-                return
-            if record.open_round != call.round:
-                decision = record.decision
-                if decision is not None:
-                    verb = "approved" if decision.approved else "denied"
-                    human.notify(
-                        f"call {call.call_id} was already {verb} by {decision.by or 'someone'} at {decision.at}"
-                    )
-                continue
-            answer = asking.result()
-            self.act()
-            state.queue(
-                j.ApprovalDecided,
-                call_id=call.call_id,
-                round=call.round,
-                approved=answer.approved,
-                by=answer.by,
-                reason=answer.reason,
-            )
-            if not answer.approved:
-                close_denied(state, call.call_id, call.round, answer.by, answer.reason)
+    def __init__(
+        self,
+        agent: DrivenAgent,
+        writer: Writer,
+        inbox: InboxWatch,
+        gate: StartGate,
+        admitted: dict[str, dict[str, Any]],
+        children: Children,
+    ) -> None:
+        self.agent = agent
+        self.writer = writer
+        self.state = writer.journal.state
+        self.inbox = inbox
+        self.gate = gate
+        self.admitted = admitted
+        self.children = children
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._prestarted: dict[
+            str, asyncio.Future[Any]
+        ] = {}  # sync calls put on their thread after an append
+        self._cancelling: set[str] = set()  # subagent calls whose child is being cancelled
 
-    async def _run_calls(self, call_ids: list[str]) -> None:
+    async def run(self, call_ids: list[str]) -> None:
         """Start the calls (one append with whatever is queued), run them together, poll the inbox."""
         for call_id in call_ids:
             self._start_on_save(call_id, self._start(call_id))
-        await self.flush()
+        await self.writer.flush()
         for call_id in call_ids:
             self._launch(call_id)
-        while self.tasks:
+        while self._tasks:
             done, _ = await asyncio.wait(
-                set(self.tasks.values()),
+                set(self._tasks.values()),
                 timeout=self.agent.poll_interval,
                 return_when=asyncio.FIRST_COMPLETED,
             )
             for task in done:
-                self.tasks = {cid: t for cid, t in self.tasks.items() if t is not task}
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-            if await self._consume_inbox():
+                self._tasks = {cid: t for cid, t in self._tasks.items() if t is not task}
+                error = task.exception()
+                if error is not None:
+                    raise error
+            if await self.inbox.consume():
                 if self.state.status == "cancelled":
-                    for task in self.tasks.values():
+                    for task in self._tasks.values():
                         task.cancel()
-                    self.tasks = {}
-                    await self.flush()
+                    self._tasks = {}
+                    await self.writer.flush()
                     return
                 started = [
                     c.call_id
                     for c in self.state.open_calls
-                    if c.action == "run" and c.call_id not in self.tasks
+                    if c.action == "run" and c.call_id not in self._tasks
                 ]
                 for call_id in started:
                     self._start_on_save(call_id, self._start(call_id))
-                await self.flush()
+                await self.writer.flush()
                 for call_id in started:
                     self._launch(call_id)
-        if self.flush_error is not None:
-            self.flush_error = None
-        await self.flush()
+        await self.writer.flush()  # writes what a failed flush of a result left, or raises
 
-    def _can_start(self) -> bool:
-        return not self.stopping and (self.renewer is None or self.renewer.fresh())
+    def interrupted(self) -> list[str]:
+        """Stop every call this drive runs; returns the calls in flight (to settle as an interrupt does).
+
+        Calls handed to a thread by the store's thread but never awaited are in flight too; their late
+        results are dropped.
+        """
+        for task in self._tasks.values():
+            task.cancel()
+        in_flight = list(self._tasks) + [c for c in self._prestarted if c in self.writer.handed_over]
+        for future in self._prestarted.values():
+            future.add_done_callback(_drop_result)  # no one awaits it now: its result is not needed
+        self._tasks, self._prestarted = {}, {}
+        return in_flight
+
+    async def cancel_children(self) -> None:
+        """Cancel the open subagent runs before the run's own cancel closes their calls (DURABILITY 6)."""
+        state, store = self.state, self.writer.store
+        for call in state.open_calls:
+            record = state.call(call.call_id)
+            if record is None or (record.effect != "resumable" and record.child_id is None):
+                continue
+            child_id = record.child_id or child_id_for(state.id, call.call_id)
+            task = self._tasks.get(call.call_id)
+            if task is not None:  # this drive holds the child: it sees the cancel within a poll interval
+                self._cancelling.add(call.call_id)  # its result is dropped: the cancel closes the call
+                await store.run_io(store.post, child_id, {"type": "cancel", "by": "parent"})
+                await asyncio.wait({task})
+                self._tasks.pop(call.call_id, None)
+            else:
+                await store.run_io(cancel_tree, store, child_id, "parent", True)
 
     def _start(self, call_id: str) -> int:
         """Queue ``tool_started`` for a call about to run (retries keep the journaled effect and key).
@@ -127,19 +136,19 @@ class ToolSteps(ModelSteps):
         Returns:
             The seq of that ``tool_started``.
         """
-        if not self._can_start():
+        if not self.gate.open():
             raise asyncio.CancelledError()
         state = self.state
         record = state.call(call_id)
         assert record is not None
         tool = self.agent.tool(record.tool)
         assert tool is not None
-        self.act()
+        self.writer.act()
         if record.attempt > 0 and record.effect is not None and record.key is not None:
             effect, key, limit = record.effect, record.key, record.max_attempts or tool.max_attempts
         else:
             effect, key, limit = tool.effect, j.idempotency_key_for(state.id, call_id), tool.max_attempts
-        return state.queue(
+        return self.writer.add(
             j.ToolStarted,
             call_id=call_id,
             tool=tool.name,
@@ -160,7 +169,7 @@ class ToolSteps(ModelSteps):
         tool = self.agent.tool(record.tool)
         if tool is None or tool.is_async or record.tool in self.agent.subagents:
             return
-        kwargs = self.validated.pop(call_id, None)
+        kwargs = self.admitted.pop(call_id, None)
         if kwargs is None:
             try:
                 kwargs = tool.validate(record.args if record.args is not None else {})
@@ -168,11 +177,11 @@ class ToolSteps(ModelSteps):
                 return
         ctx = ToolContext(self.state.id, call_id, record.attempt, record.key or "", tool.name)
         job, future = sync_tool_job(tool, kwargs, ctx)
-        self.after_append[seq] = (call_id, job)
-        self.prestarted[call_id] = future
+        self.writer.start_after_append(seq, call_id, job)
+        self._prestarted[call_id] = future
 
     def _launch(self, call_id: str) -> None:
-        self.tasks[call_id] = asyncio.ensure_future(self._invoke(call_id))
+        self._tasks[call_id] = asyncio.ensure_future(self._invoke(call_id))
 
     async def _invoke(self, call_id: str) -> None:
         """Run one call (retrying timeouts of read_only and idempotent tools) and journal its result."""
@@ -183,7 +192,7 @@ class ToolSteps(ModelSteps):
         assert tool is not None
         usage: dict[str, int] | None = None
         sub = self.agent.subagents.get(record.tool)
-        started = self.prestarted.pop(call_id, None)
+        started = self._prestarted.pop(call_id, None)
         while True:
             try:
                 if started is not None:  # on its thread since its tool_started was saved
@@ -193,8 +202,8 @@ class ToolSteps(ModelSteps):
                 ctx = ToolContext(state.id, call_id, record.attempt, record.key or "", tool.name)
                 kwargs = tool.validate(record.args if record.args is not None else {})
                 if sub is not None:
-                    child = await self._drive_child(call_id, kwargs["prompt"], sub)
-                    if child is None or call_id in self.cancelling:
+                    child = await self.children.enter(call_id, kwargs["prompt"], sub)
+                    if child is None or call_id in self._cancelling:
                         return  # the child waits, or is busy elsewhere: the call stays open
                     outcome, content, usage = child
                 else:
@@ -203,9 +212,9 @@ class ToolSteps(ModelSteps):
             except TimeoutError:
                 effect = record.effect or tool.effect
                 limit = record.max_attempts or tool.max_attempts
-                if effect in j.RETRY_EFFECTS and record.attempt < limit and self._can_start():
+                if effect in j.RETRY_EFFECTS and record.attempt < limit and self.gate.open():
                     self._start(call_id)
-                    await self.flush()
+                    await self.writer.flush()
                     continue
                 if effect in j.RETRY_EFFECTS:
                     text = f"aborted: timed out {record.attempt} times (timeout {tool.timeout}s)"
@@ -222,29 +231,23 @@ class ToolSteps(ModelSteps):
         if record.outcome is not None or not state.is_open(call_id):
             log.info("run %s call %s finished after it was closed; result dropped", state.id, call_id)
             return
-        state.queue(j.ToolFinished, call_id=call_id, outcome=outcome, content=content, usage=usage)
+        self.writer.add(j.ToolFinished, call_id=call_id, outcome=outcome, content=content, usage=usage)
         try:
-            await self.flush()
+            await self.writer.flush()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the end of the batch writes what is missing, or raises
-            self.flush_error = exc
+        except (
+            Exception
+        ) as exc:  # the other calls go on; the end of the batch writes what is missing, or raises
+            log.debug(
+                "run %s: saving the result of %s failed (%s); retried at the end of the batch",
+                state.id,
+                call_id,
+                exc,
+            )
 
-    async def _drive_child(
-        self, call_id: str, prompt: str, sub: Agent
-    ) -> tuple[str, list[dict[str, Any]], dict[str, int]] | None:
-        """Drive the subagent run of ``call_id``; None when it waits (``child_waiting``) or is busy."""
-        state, agent = self.state, self.agent
-        limits = budgets.tighter(agent.budgets(), self.inherited) if self.inherited else agent.budgets()
-        left = budgets.remaining(limits, state.turn, state.usage, agent.price)
-        try:
-            result = await drive_child(state, call_id, prompt, sub, self.store, left, agent.poll_interval)
-        except ChildBusy as exc:
-            log.warning("run %s: %s; releasing with call %s open", state.id, exc, call_id)
-            self.child_busy = True
-            return None
-        if result.outcome is None:
-            state.queue(j.ChildWaiting, call_id=call_id, child_id=result.child_id, pending=result.pending)
-            await self.flush()
-            return None
-        return result.outcome, result.content, result.usage
+
+def _drop_result(future: asyncio.Future[Any]) -> None:
+    """Mark a late call's outcome as read (it was closed without it), so asyncio does not log it."""
+    if not future.cancelled():
+        future.exception()

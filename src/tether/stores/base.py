@@ -14,26 +14,23 @@ stores that list in Python call them under their own locks, SQL stores say the s
 from __future__ import annotations
 
 import abc
-import asyncio
 import builtins
-import gc
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from .. import journal as j
 from .._threads import Threads
-from ..errors import ConflictError, RunBusyError, RunNotFoundError
-from ..inbox import InboxItem, consume
+from ..errors import ConflictError, RunNotFoundError
+from ..inbox import InboxItem
 from ..state import State
+from . import operations
 from ._listing import ListCursor, as_cutoff, listing_key
 from ._planning import (
     check_batch,
     check_prune_statuses,
     delete_children_error,
     delete_subagent_error,
-    fork_boundary,
-    inherited,
     listed_child_needs_work,
     plan_claim_next,
     plan_delete,
@@ -53,7 +50,6 @@ __all__ = [
     "check_prune_statuses",
     "delete_children_error",
     "delete_subagent_error",
-    "fork_boundary",
     "listed_child_needs_work",
     "listing_key",
     "pid_alive",
@@ -346,16 +342,7 @@ class Store(abc.ABC):
 
     def load(self, run_id: str) -> State:
         """The run as its journal says: pure replay; never writes, never recovers."""
-        j.validate_run_id(run_id)
-        collecting = gc.isenabled()
-        gc.disable()  # replay allocates many small objects and no cycles: the collector only slows it
-        try:
-            state = State.replay(run_id, self.read(run_id))
-        finally:
-            if collecting:
-                gc.enable()
-        state.store_identity = self.identity
-        return state
+        return operations.load(self, run_id)
 
     def exists(self, run_id: str) -> bool:
         """Whether the store has the run."""
@@ -366,26 +353,8 @@ class Store(abc.ABC):
         return True
 
     def check_state(self, state: State) -> None:
-        """Refuse a State that belongs to another store."""
-        if state.store_identity is not None and state.store_identity != self.identity:
-            raise ValueError(
-                f"run {state.id} was saved in {state.store_identity}, not in {self.identity}. Fix: use the store "
-                "it came from (one State, one store)"
-            )
-
-    def append_state(self, state: State, lease: Lease | None) -> None:
-        """Append what ``state`` has queued and not saved (its batch in flight first, byte-identical)."""
-        while state.unsaved:
-            batch = state.next_batch()
-            self.append(
-                state.id,
-                batch,
-                expected_seq=batch[0].seq,
-                writer=state.writer,
-                lease_token=lease.token if lease else None,
-                info=state.info(),
-            )
-            state.batch_saved()
+        """Refuse a State that belongs to another store (ValueError)."""
+        operations.check_state(self, state)
 
     def save(self, state: State) -> State:
         """Write what the store lacks: a new run, or the changes made on ``state``; nothing if none.
@@ -396,44 +365,11 @@ class Store(abc.ABC):
         journal. When a driver holds it, the driver journals them within its poll interval. A save with
         nothing to write takes nothing and writes nothing; ``state`` only catches up.
         """
-        self.check_state(state)
-        if not state.history:
-            initial = State(id=state.id, messages=state.messages)
-            initial.queue(j.RunStarted, root_id=state.id)
-            for message in state.messages:
-                initial.queue(j.MessageAdded, role=message.role, content=list(message.content))
-            batch = initial.next_batch()
-            self.create(state.id, batch, initial.info())
-            for entry in batch:
-                state.apply(entry)
-            state.mark_saved()
-            state.messages[:] = initial.messages
-            state.store_identity = self.identity
-            return state
-        changes = state.take_local_changes()
-        if state.unsaved:
-            lease = self.claim(state.id, Owner.here(state.writer), self.ttl)
-            try:
-                self.append_state(state, lease)
-            finally:
-                self.abandon(lease)
-        for item in changes:
-            target = item.get("run_id") or state.id  # a decision on a subagent's call goes to its inbox
-            run_h = state.history[0].h if target == state.id else None
-            body = {k: v for k, v in item.items() if k != "run_id"}
-            self.post(target, {**body, "run_h": run_h}, item_id=item["item_id"])
-        state.local_changes_posted()
-        if changes:
-            self.settle(state.id)
-        self.catch_up(state)
-        state.store_identity = self.identity
-        return state
+        return operations.save(self, state)
 
     def catch_up(self, state: State) -> None:
         """Fold into ``state`` the durable entries it has not seen."""
-        for entry in self.read(state.id, after_seq=len(state.history) - 1):
-            state.apply(entry)
-        state.mark_saved()
+        operations.catch_up(self, state)
 
     def settle(self, run_id: str, *, by_parent: bool = False) -> State | None:
         """Take the run if no one holds it, journal its inbox, release it; None when it is held.
@@ -444,28 +380,7 @@ class Store(abc.ABC):
         root's driver consumes its inbox): None is returned for it, unless ``by_parent`` says the caller
         acts for its parent (it holds the parent, or cancels the tree from the top, children first).
         """
-        entries = self.read(run_id)
-        first = entries[0] if entries else None
-        if isinstance(first, j.RunStarted) and first.parent_id is not None and not by_parent:
-            return None
-        try:
-            lease = self.claim(run_id, Owner.here(), self.ttl)
-        except RunBusyError:
-            return None
-        try:
-            state = State.replay(run_id, entries)
-            state.writer = lease.owner.writer
-            self.catch_up(state)
-            while True:
-                consume(state, self.read_inbox(run_id, after_seq=state.inbox_consumed))
-                self.append_state(state, lease)
-                if self.release(lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1):
-                    lease = None  # type: ignore[assignment]
-                    state.store_identity = self.identity
-                    return state
-        finally:
-            if lease is not None:
-                self.abandon(lease)
+        return operations.settle(self, run_id, by_parent=by_parent)
 
     def cancel(self, run_id: str, by: str | None = None) -> State | None:
         """Ask to cancel the run and, first, its open subagent runs: posted, journaled now if no one holds it.
@@ -474,11 +389,9 @@ class Store(abc.ABC):
         at once when no one holds it. Returns the run after the cancel was journaled, or None when a driver
         holds it (it stops the run within its poll interval).
         """
-        from .._run.subagents import cancel_tree
+        return operations.cancel_tree(self, run_id, by)
 
-        return cancel_tree(self, run_id, by)
-
-    async def follow(
+    def follow(
         self, run_id: str, after_seq: int = -1, *, poll_interval: float = 0.2
     ) -> AsyncIterator[j.Entry]:
         """Replay, then tail, the entries of a run driven elsewhere: no gaps, no duplicates.
@@ -486,17 +399,7 @@ class Store(abc.ABC):
         Ends when the run has stopped (``completed``, ``failed``, ``cancelled`` or ``stopped``) and nothing
         is left to read; a consumer may stop earlier.
         """
-        state = await self.run_io(self.load, run_id)  # the fold tells whether the run has stopped
-        last = after_seq
-        for entry in state.history[after_seq + 1 :]:
-            last = entry.seq
-            yield entry
-        while state.status not in j.STOP_STATUSES:
-            await asyncio.sleep(poll_interval)
-            for entry in await self.run_io(self.read, run_id, last):
-                state.apply(entry)
-                last = entry.seq
-                yield entry
+        return operations.follow(self, run_id, after_seq, poll_interval)
 
     def fork(self, run_id: str, at_seq: int | None = None, new_id: str | None = None) -> str:
         """Copy a run's journal up to a turn boundary into a new run, created unheld; return the new id.
@@ -519,39 +422,7 @@ class Store(abc.ABC):
             ValueError: ``at_seq`` outside the journal, ``new_id`` exists or is invalid, or the run is a
                 subagent run (fork its root).
         """
-        entries = self.read(j.validate_run_id(run_id))
-        if not entries:
-            raise ValueError(f"run {run_id} has no entries to fork. Fix: pick another run")
-        last = len(entries) - 1
-        if at_seq is None:
-            at_seq = last
-        if not 0 <= at_seq <= last:
-            raise ValueError(
-                f"run {run_id} has seqs 0 to {last}, not {at_seq}. Fix: pass --at between 0 and {last}"
-            )
-        started = entries[0]
-        if not isinstance(started, j.RunStarted):
-            raise ValueError(f"run {run_id} does not begin with run_started. Fix: pick another run")
-        if started.parent_id is not None:
-            raise ValueError(
-                f"run {run_id} is a subagent of {started.parent_id}. Fix: fork its root "
-                f"{started.root_id or started.parent_id}"
-            )
-        boundary = fork_boundary(entries, at_seq)
-        fork = State(id=new_id)
-        fork.queue(
-            j.RunStarted,
-            agent=started.agent,
-            fingerprint=started.fingerprint,
-            budgets=started.budgets,
-            root_id=fork.id,
-            forked_from={"id": run_id, "seq": boundary},
-        )
-        for entry in entries[1 : boundary + 1]:
-            fork.apply(inherited(entry))
-        info = {**fork.info(), "updated_at": fork.history[0].at}
-        self.create(fork.id, fork.next_batch(), info)
-        return fork.id
+        return operations.fork(self, run_id, at_seq, new_id)
 
     def list_page(
         self,

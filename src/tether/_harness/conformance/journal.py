@@ -24,6 +24,7 @@ from .support import (
     make_run,
     message,
     started,
+    writer_of,
 )
 
 __all__ = ["JournalCases"]
@@ -42,7 +43,7 @@ class JournalCases(ConformanceBase):
         assert [e.seq for e in store.read("r1", after_seq=0)] == [1]
         assert (store.length("r1"), store.inbox_length("r1"), store.read_inbox("r1")) == (2, 0, [])
         assert store.load("r1").history == state.history and store.exists("r1")
-        bad = started("r2").next_batch()
+        bad = writer_of(started("r2")).next_batch()
         unsealed = [j.RunStarted(seq=0, at=j.now_iso(), root_id="r2")]
         for entries in ([bad[1]], unsealed, [], list(reversed(bad))):
             with pytest.raises(ValueError):
@@ -63,7 +64,7 @@ class JournalCases(ConformanceBase):
     def test_create_refuses_invalid_ids(self, store: Store) -> None:
         for run_id in ("../x", "", "a/b", "x" * 129, "a b"):
             with pytest.raises(ValueError, match="not valid"):
-                store.create(run_id, started("ok").next_batch(), {})
+                store.create(run_id, writer_of(started("ok")).next_batch(), {})
         assert store.list() == []
 
     def test_create_held(self, store: Store, other: Store) -> None:
@@ -84,7 +85,7 @@ class JournalCases(ConformanceBase):
         state, lease = make_run(store, "r1", held=True)
         batch = add(store, state, lease, 3)
         for retry in (batch, batch[1:], batch[2:]):  # the whole append again, or its end
-            store.append("r1", retry, expected_seq=retry[0].seq, writer=state.writer,
+            store.append("r1", retry, expected_seq=retry[0].seq, writer=writer_of(state).writer_id,
                          lease_token=lease.token if lease else None, info=state.info())  # fmt: skip
         assert store.read("r1") == state.history and store.length("r1") == 5
 
@@ -92,12 +93,14 @@ class JournalCases(ConformanceBase):
         state, lease = make_run(store, "r1", held=True)
         add(store, state, lease, 2)
         twin = State.replay("r1", store.read("r1")[:2])
-        twin.writer = state.writer  # the same writer id, other content at seq 2 and 3
-        twin.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "not what was stored"}])
-        twin.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "nor this"}])
-        batch = twin.next_batch()
+        writer_of(twin, writer_of(state).writer_id)  # the same writer id, other content at seq 2 and 3
+        writer_of(twin).add(
+            j.MessageAdded, role="user", content=[{"type": "text", "text": "not what was stored"}]
+        )
+        writer_of(twin).add(j.MessageAdded, role="user", content=[{"type": "text", "text": "nor this"}])
+        batch = writer_of(twin).next_batch()
         with pytest.raises(ConflictError, match=r"seq 2 holds a message entry") as caught:
-            store.append("r1", batch, expected_seq=2, writer=state.writer, lease_token=_token(lease),
+            store.append("r1", batch, expected_seq=2, writer=writer_of(state).writer_id, lease_token=_token(lease),
                          info=twin.info())  # fmt: skip
         assert not isinstance(caught.value, LeaseLostError) and caught.value.seq == 2
         assert store.read("r1") == state.history
@@ -106,10 +109,10 @@ class JournalCases(ConformanceBase):
         state, lease = make_run(store, "r1", held=True)
         stored = add(store, state, lease, 2)
         longer = j.seal(
-            [*stored, j.MessageAdded(seq=4, at=j.now_iso())], state.writer
+            [*stored, j.MessageAdded(seq=4, at=j.now_iso())], writer_of(state).writer_id
         )  # re-sealed: h differs
         with pytest.raises(ConflictError):
-            store.append("r1", longer, expected_seq=2, writer=state.writer, lease_token=_token(lease),
+            store.append("r1", longer, expected_seq=2, writer=writer_of(state).writer_id, lease_token=_token(lease),
                          info=state.info())  # fmt: skip
         intruder = j.seal(
             [j.MessageAdded(seq=3, at=j.now_iso()), j.MessageAdded(seq=4, at=j.now_iso())], "w2"
@@ -120,12 +123,12 @@ class JournalCases(ConformanceBase):
 
     def test_a_gap_is_refused(self, store: Store) -> None:
         state, lease = make_run(store, "r1", held=True)
-        ahead = j.seal([j.MessageAdded(seq=3, at=j.now_iso())], state.writer)
+        ahead = j.seal([j.MessageAdded(seq=3, at=j.now_iso())], writer_of(state).writer_id)
         with pytest.raises(ConflictError, match="gap"):
-            store.append("r1", ahead, expected_seq=3, writer=state.writer, lease_token=_token(lease),
+            store.append("r1", ahead, expected_seq=3, writer=writer_of(state).writer_id, lease_token=_token(lease),
                          info=state.info())  # fmt: skip
         with pytest.raises(ValueError, match="sealed batch"):
-            store.append("r1", ahead, expected_seq=2, writer=state.writer, lease_token=_token(lease),
+            store.append("r1", ahead, expected_seq=2, writer=writer_of(state).writer_id, lease_token=_token(lease),
                          info=state.info())  # fmt: skip
         assert store.length("r1") == 2
 

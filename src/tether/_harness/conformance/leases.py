@@ -26,6 +26,7 @@ from .support import (
     journal_inbox,
     make_run,
     message,
+    writer_of,
 )
 
 __all__ = ["LeaseCases"]
@@ -51,7 +52,7 @@ class LeaseCases(ConformanceBase):
         store.abandon(first)  # touches the new holder's lease in no way
         assert other.holder("r1") == second.owner
         fresh = other.load("r1")
-        fresh.writer = second.owner.writer
+        writer_of(fresh, second.owner.writer)
         add(other, fresh, second)
         assert other.length("r1") == 3 and other.release(second, at_seq=3, inbox_len=0)
 
@@ -131,7 +132,7 @@ class LeaseCases(ConformanceBase):
         new = other.claim("r1", Owner.here(), ttl=30.0)
         assert new.token > old.token and other.holder("r1") == new.owner
         taker = other.load("r1")
-        taker.writer = new.owner.writer
+        writer_of(taker, new.owner.writer)
         assert journal_inbox(other, taker, new) == 1
         with pytest.raises(LeaseLostError):  # the first holder's late append, consuming the same item
             journal_inbox(store, state, old)

@@ -21,6 +21,7 @@ from .support import (
     journal_inbox,
     make_run,
     message,
+    writer_of,
 )
 
 __all__ = ["ListingCases"]
@@ -66,7 +67,7 @@ class ListingCases(ConformanceBase):
         assert seen == ["r22", "r21", "r20", "r19", "r18"] and cursor is not None
         make_run(store, "new1")  # added while paging
         lease = store.claim("r03", Owner.here())  # an unseen run is updated while paging
-        states["r03"].writer = lease.owner.writer
+        writer_of(states["r03"], lease.owner.writer)
         add(store, states["r03"], lease, updated_at=j.now_iso())
         assert store.release(lease, at_seq=3, inbox_len=0)
         pages = 1
@@ -164,22 +165,29 @@ class ListingCases(ConformanceBase):
 
     def test_fork_rules(self, store: Store) -> None:
         source = State(id="src")
-        source.queue(
+        writer_of(source).add(
             j.RunStarted, agent="a", fingerprint={"model": "m"}, budgets={"max_turns": 5}, root_id="src"
         )
-        source.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": "hi"}])
-        source.queue(j.ModelReplied, content=[{"type": "tool_call", "id": "c2_0", "name": "t", "args": {}}])
-        source.queue(
+        writer_of(source).add(j.MessageAdded, role="user", content=[{"type": "text", "text": "hi"}])
+        writer_of(source).add(
+            j.ModelReplied, content=[{"type": "tool_call", "id": "c2_0", "name": "t", "args": {}}]
+        )
+        writer_of(source).add(
             j.ToolStarted, call_id="c2_0", tool="t", effect="unsafe", idempotency_key="tether:src:c2_0"
         )
-        source.queue(j.ToolFinished, call_id="c2_0", content=[{"type": "text", "text": "ok"}])
-        lease = store.create("src", source.next_batch(), source.info(), owner=Owner.here(source.writer))
+        writer_of(source).add(j.ToolFinished, call_id="c2_0", content=[{"type": "text", "text": "ok"}])
+        lease = store.create(
+            "src",
+            writer_of(source).next_batch(),
+            source.info(),
+            owner=Owner.here(writer_of(source).writer_id),
+        )
         assert lease is not None
-        source.batch_saved()
+        writer_of(source).batch_saved()
         store.post("src", message("and then?"), item_id="item-0")
         journal_inbox(store, source, lease)  # seq 5: a message from the inbox
-        source.queue(j.ModelReplied, content=[{"type": "text", "text": "done"}])
-        source.queue(j.RunStopped, status="completed", answer="done")
+        writer_of(source).add(j.ModelReplied, content=[{"type": "text", "text": "done"}])
+        writer_of(source).add(j.RunStopped, status="completed", answer="done")
         add(store, source, lease, 0)
         assert store.release(lease, at_seq=8, inbox_len=1)
         for asked, boundary in ((None, 7), (7, 7), (6, 6), (5, 5), (4, 4), (3, 1), (2, 1), (1, 1), (0, 0)):

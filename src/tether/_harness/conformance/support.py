@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import signal
 import time
+import weakref
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,17 +17,32 @@ from typing import Any
 import pytest
 
 from ... import journal as j
+from ..._consume import consume
 from ...errors import RunBusyError
-from ...inbox import consume
 from ...state import State
 from ...stores import open_store
 from ...stores.base import Lease, Owner, Store
+from ...writing import JournalWriter
 
 _SPAWN = multiprocessing.get_context("spawn")
 
 
 # --------------------------------------------------------------------------------------------------
 # Writing runs the way a driver does
+
+_WRITERS: weakref.WeakKeyDictionary[State, JournalWriter] = weakref.WeakKeyDictionary()
+
+
+def writer_of(state: State, writer_id: str | None = None) -> JournalWriter:
+    """The JournalWriter that writes a hand-made run, made on first use.
+
+    With ``writer_id`` it is replaced by a new one writing as that id from where ``state`` is now (every
+    entry of its history durable), as a taker does with its lease owner's writer id.
+    """
+    writer = _WRITERS.get(state)
+    if writer is None or writer_id is not None:
+        writer = _WRITERS[state] = JournalWriter(state, writer_id)
+    return writer
 
 
 def ago(seconds: float) -> str:
@@ -39,8 +55,10 @@ def started(
 ) -> State:
     """A new run's State with ``run_started`` and a first message queued."""
     state = State(id=run_id)
-    state.queue(j.RunStarted, agent=agent, parent_id=parent_id, root_id=root_id or run_id)
-    state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": f"hello from {run_id}"}])
+    writer_of(state).add(j.RunStarted, agent=agent, parent_id=parent_id, root_id=root_id or run_id)
+    writer_of(state).add(
+        j.MessageAdded, role="user", content=[{"type": "text", "text": f"hello from {run_id}"}]
+    )
     return state
 
 
@@ -57,43 +75,45 @@ def make_run(
 ) -> tuple[State, Lease | None]:
     """Create a run (held or not); ``info`` overrides the listing record (status, updated_at, ...)."""
     state = started(run_id, agent=agent, parent_id=parent_id, root_id=root_id)
-    owner = Owner.here(state.writer) if held else None
-    lease = store.create(run_id, state.next_batch(), {**state.info(), **info}, owner=owner, ttl=ttl)
-    state.batch_saved()
+    owner = Owner.here(writer_of(state).writer_id) if held else None
+    lease = store.create(
+        run_id, writer_of(state).next_batch(), {**state.info(), **info}, owner=owner, ttl=ttl
+    )
+    writer_of(state).batch_saved()
     return state, lease
 
 
 def add(store: Store, state: State, lease: Lease | None, n: int = 1, **info: Any) -> list[j.Entry]:
     """Append ``n`` messages as the holder of ``lease``; ``info`` overrides the listing record."""
     for i in range(n):
-        state.queue(j.MessageAdded, role="user", content=[{"type": "text", "text": f"more {i}"}])
-    batch = state.next_batch()
+        writer_of(state).add(j.MessageAdded, role="user", content=[{"type": "text", "text": f"more {i}"}])
+    batch = writer_of(state).next_batch()
     store.append(
         state.id,
         batch,
         expected_seq=batch[0].seq,
-        writer=state.writer,
+        writer=writer_of(state).writer_id,
         lease_token=lease.token if lease else None,
         info={**state.info(), **info},
     )
-    state.batch_saved()
+    writer_of(state).batch_saved()
     return batch
 
 
 def journal_inbox(store: Store, state: State, lease: Lease) -> int:
     """As a holder: journal every unconsumed inbox item; returns how many."""
-    queued = consume(state, store.read_inbox(state.id, after_seq=state.inbox_consumed))
+    queued = consume(writer_of(state), store.read_inbox(state.id, after_seq=state.inbox_consumed))
     if queued:
-        batch = state.next_batch()
+        batch = writer_of(state).next_batch()
         store.append(
             state.id,
             batch,
             expected_seq=batch[0].seq,
-            writer=state.writer,
+            writer=writer_of(state).writer_id,
             lease_token=lease.token,
             info=state.info(),
         )
-        state.batch_saved()
+        writer_of(state).batch_saved()
     return len(queued)
 
 
@@ -150,7 +170,13 @@ def _claim_all(url: str, agents: list[str], done: Any, results: Any) -> None:
 def _hold_and_die(url: str, run_id: str, token_file: str) -> None:
     store = open_store(url)
     state = started(run_id)
-    lease = store.create(run_id, state.next_batch(), state.info(), owner=Owner.here(state.writer), ttl=1.0)
+    lease = store.create(
+        run_id,
+        writer_of(state).next_batch(),
+        state.info(),
+        owner=Owner.here(writer_of(state).writer_id),
+        ttl=1.0,
+    )
     assert lease is not None
     Path(token_file).write_text(str(lease.token))
     os.kill(os.getpid(), signal.SIGKILL)

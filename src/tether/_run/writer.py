@@ -1,0 +1,180 @@
+"""The writer task of one driven run: every append, one at a time, with group commit (DESIGN 5.3).
+
+Entries are added through the run's ``JournalWriter``; ``Writer.flush`` appends what is queued, and what is
+queued while an append runs goes into the next one. An append in progress always completes, even when its
+task is cancelled, so the driver always knows whether it is durable. Each trip to the store's thread also
+reads the inbox's length (DURABILITY 2.3: before each append) and starts the sync tools whose
+``tool_started`` that append made durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import journal as j
+from ..events import EntryEvent, Event
+from ..stores.base import Lease, Store
+from ..writing import JournalWriter
+from .invoke import submit_tool_job
+from .renewal import Renewer
+
+__all__ = ["StartGate", "Writer"]
+
+log = logging.getLogger("tether")
+
+
+@dataclass(slots=True)
+class StartGate:
+    """Whether this drive may start a tool now: not while it stops (DURABILITY 1.6), and not when its
+    last successful lease renewal is older than ttl/2 (DURABILITY 4)."""
+
+    stopping: bool = False
+    renewer: Renewer | None = None
+
+    def open(self) -> bool:
+        """Whether a tool may start."""
+        return not self.stopping and (self.renewer is None or self.renewer.fresh())
+
+
+@dataclass(slots=True)
+class _Job:
+    call_id: str
+    run: Callable[[], None]
+
+
+@dataclass
+class Writer:
+    """Appends one driven run's entries, one append at a time.
+
+    Attributes:
+        journal: the run's JournalWriter (``journal.state`` is the run).
+        acted: whether this drive has queued ``run_resumed`` (its first acting entry, DURABILITY 1.5).
+        save_failed: the error of the last append, while it has not succeeded since.
+        inbox_hint: the inbox's length as the last append read it, and when.
+        handed_over: the calls whose sync tool the store's thread started after an append.
+    """
+
+    store: Store
+    lease: Lease
+    journal: JournalWriter
+    gate: StartGate
+    emit: Callable[[Event], None] | None = None
+    acted: bool = False
+    save_failed: BaseException | None = None
+    inbox_hint: tuple[int, float] = (0, float("-inf"))
+    handed_over: set[str] = field(default_factory=set)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _after_append: dict[int, _Job] = field(default_factory=dict)
+
+    def add(self, entry_type: type[j.Entry], **fields: Any) -> j.Entry:
+        """Queue the next entry (folded into the State at once)."""
+        return self.journal.add(entry_type, **fields)
+
+    def act(self) -> None:
+        """Queue ``run_resumed`` before this drive's first entry that acts."""
+        if not self.acted:
+            self.acted = True
+            host, pid = j.host_and_pid()
+            self.journal.add(
+                j.RunResumed, writer=self.journal.writer_id, token=self.lease.token, host=host, pid=pid
+            )
+
+    def start_after_append(self, seq: int, call_id: str, job: Callable[[], None]) -> None:
+        """Have the store's thread start ``job`` (a sync tool) right after the append holding ``seq``."""
+        self._after_append[seq] = _Job(call_id, job)
+
+    async def flush(self) -> None:
+        """Append everything queued; an append in progress always completes, even when cancelled.
+
+        Raises:
+            The store's error when an append fails (the entries stay queued: the next flush retries them,
+            byte-identical); CancelledError once the append in progress has returned.
+        """
+        journal = self.journal
+        if not journal.unsaved:
+            return  # nothing queued, and so no append in progress either (its entries count as unsaved)
+        async with self._lock:
+            while journal.unsaved:
+                batch = journal.next_batch()
+                jobs: dict[int, _Job] = {}
+                if self._after_append:
+                    jobs = {
+                        e.seq: self._after_append.pop(e.seq) for e in batch if e.seq in self._after_append
+                    }
+                info = journal.state.info()
+                future = self.store.io_threads.run_through(self._append, batch, info, jobs)
+                cancelled = False
+                while not future.done():
+                    try:
+                        await future  # a cancel of this task is raised here only once the append returned
+                    except asyncio.CancelledError:
+                        cancelled = True
+                    except Exception:
+                        break  # the append failed (its future is done): settled below
+                error = future.exception()
+                if error is not None:
+                    self._after_append.update(jobs)  # a retry of the same seqs starts them
+                    if cancelled:
+                        raise asyncio.CancelledError() from error
+                    self.save_failed = error
+                    raise error
+                journal.batch_saved()
+                self.save_failed = None
+                self.inbox_hint = (future.result(), time.monotonic())
+                if self.emit is not None:
+                    for entry in batch:
+                        self.emit(EntryEvent(entry))
+                if cancelled:
+                    raise asyncio.CancelledError()
+
+    def _append(self, batch: list[j.Entry], info: dict[str, Any], jobs: dict[int, _Job]) -> int:
+        """Read the inbox's length, append a batch, and start the sync tools it made durable, on one trip.
+
+        Runs on the store's thread. The length is read before the append (DURABILITY 2.3). One started
+        tool runs on this very thread once the append is reported (outside the store's thread limit), the
+        others each on a tool thread.
+        """
+        run_id = self.journal.state.id
+        length = self.store.inbox_length(run_id)
+        self.store.append(
+            run_id,
+            batch,
+            expected_seq=batch[0].seq,
+            writer=self.journal.writer_id,
+            lease_token=self.lease.token,
+            info=info,
+        )
+        if jobs and not self.gate.stopping:  # a stopping drive starts no tool (the drive settles its calls)
+            # Nothing here may raise now that the append is durable: a raise would have it retried, and its
+            # tools started twice. submit_tool_job runs a job in place when no thread can be started.
+            first, *others = jobs.values()
+            for job in others:
+                self.handed_over.add(job.call_id)
+                submit_tool_job(job.run)
+            self.handed_over.add(first.call_id)
+            self.store.io_threads.then(first.run, submit_tool_job)  # this thread, once the append is reported
+        return length
+
+    async def release(self) -> bool:
+        """Flush, then release the run if the journal and inbox are as this drive left them.
+
+        Returns:
+            False when either grew (the caller consumes the inbox and tries again).
+        """
+        await self.flush()
+        state = self.journal.state
+        return await self.store.run_io(
+            self.store.release, self.lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1
+        )
+
+    async def give_up(self) -> None:
+        """Abandon the lease (after an error); never raises."""
+        try:
+            await self.store.run_io(self.store.abandon, self.lease)
+        except Exception as exc:  # abandon never raises by contract; a broken store is only logged
+            log.warning("releasing run %s failed: %s", self.journal.state.id, exc)

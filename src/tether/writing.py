@@ -1,0 +1,74 @@
+"""JournalWriter: the entries one writer adds to a run, folded at once, appended in sealed batches.
+
+A ``State`` is the fold of a journal and nothing else. Whoever writes to a run (a driver, a short-lived
+taker such as ``store.save``, a fork) makes its entries through a ``JournalWriter``: each new entry is folded
+into the State the moment it is made, so the writer can plan its next step from the State; the entries not
+yet durable wait here until an append takes them. ``next_batch`` seals them (writer id, countdown ``b``,
+checksum ``h``, DURABILITY 3) and hands the State the sealed copies, so the fold holds exactly the entries a
+later ``store.load`` returns; a retried append resends that batch byte-identical.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import journal as j
+from .state import State
+
+__all__ = ["JournalWriter"]
+
+
+class JournalWriter:
+    """One writer's new entries for one run.
+
+    Args:
+        state: the run as this writer has read it; every entry of its history is durable.
+        writer_id: the writer id stamped on each entry (``w``); by default a fresh one. A taker uses the
+            writer id of its lease's owner.
+    """
+
+    def __init__(self, state: State, writer_id: str | None = None) -> None:
+        self.state = state
+        self.writer_id = writer_id or j.new_writer_id()
+        self._saved = len(state.history)
+        self._batch: list[j.Entry] | None = None
+
+    def __repr__(self) -> str:
+        return f"JournalWriter(run={self.state.id!r}, writer={self.writer_id[:8]!r}, unsaved={self.unsaved})"
+
+    def add(self, entry_type: type[j.Entry], **fields: Any) -> j.Entry:
+        """Make the next entry, fold it into the State, and keep it until an append takes it."""
+        entry = entry_type(seq=len(self.state.history), at=j.now_iso(), **fields)
+        self.state.apply(entry)
+        return entry
+
+    @property
+    def unsaved(self) -> int:
+        """How many entries of the State's history are not durable yet (the batch in flight included)."""
+        return len(self.state.history) - self._saved
+
+    @property
+    def saved(self) -> int:
+        """How many entries are durable: the store's journal length as this writer knows it."""
+        return self._saved
+
+    def next_batch(self) -> list[j.Entry]:
+        """The append to send now: the batch in flight (byte-identical on retry), else every unsaved entry.
+
+        Sealing replaces the State's copies of those entries with the sealed ones.
+        """
+        if self._batch is None:
+            self._batch = j.seal(self.state.history[self._saved :], self.writer_id)
+            self.state.take_sealed(self._batch)
+        return self._batch
+
+    def batch_saved(self) -> None:
+        """The batch from ``next_batch`` is durable."""
+        if self._batch is not None:
+            self._saved += len(self._batch)
+            self._batch = None
+
+    def caught_up(self) -> None:
+        """Every entry of the State's history is durable (the caller read them from the store)."""
+        self._batch = None
+        self._saved = len(self.state.history)

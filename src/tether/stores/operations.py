@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from .. import journal as j
 from .._consume import consume, skip_all
-from ..errors import RunBusyError
+from ..errors import ConflictError, RunBusyError
 from ..inbox import InboxItem
 from ..state import State
 from ..writing import JournalWriter
@@ -37,6 +37,7 @@ __all__ = [
     "save",
     "settle",
     "skip_orphaned_items",
+    "stored_length",
     "write_all",
 ]
 
@@ -173,13 +174,38 @@ def write_all(store: Primitives, writer: JournalWriter, lease: Lease | None) -> 
         writer.batch_saved()
 
 
-def append_missing(store: Primitives, state: State, lease: Lease) -> None:
-    """Append the entries ``state`` holds past the stored journal (a drive that failed to save them).
+def stored_length(store: Primitives, state: State) -> int:
+    """The stored journal's length, once checked to continue what ``state`` holds.
 
-    They are sealed again by the lease's writer: the store never got them, so no byte-identical retry is
-    owed, and ``state`` then holds the sealed copies the store keeps.
+    Raises:
+        ConflictError: the journal holds another entry where ``state`` has one it did not read from the
+            store (another writer went on with the run meanwhile).
     """
     stored = store.length(state.id)
+    shared = min(stored, len(state.history))
+    if shared:
+        theirs = store.read(state.id, after_seq=shared - 2)[0]
+        if theirs.h != state.history[shared - 1].h:
+            raise ConflictError(
+                f"run {state.id} seq {theirs.seq} holds a {theirs.kind} entry this State does not have. Fix: "
+                "store.load(id) again and continue from there",
+                run_id=state.id,
+                seq=theirs.seq,
+            )
+    return stored
+
+
+def append_missing(store: Primitives, state: State, lease: Lease) -> None:
+    """As the holder of ``lease``, append the entries ``state`` holds past the stored journal.
+
+    Such entries come from a drive that failed to save them. They are sealed again by the lease's writer:
+    the store never got them, so no byte-identical retry is owed, and ``state`` then holds the sealed
+    copies the store keeps.
+
+    Raises:
+        ConflictError: see ``stored_length``; nothing is written.
+    """
+    stored = stored_length(store, state)
     if stored >= len(state.history):
         return
     missing = j.seal(state.history[stored:], lease.owner.writer)
@@ -210,7 +236,7 @@ def save(store: Primitives, state: State) -> State:
         state.store_identity = store.identity
         return state
     changes = state.take_local_changes()
-    if store.length(state.id) < len(state.history):
+    if stored_length(store, state) < len(state.history):
         lease = store.claim(state.id, Owner.here(), store.ttl)
         try:
             append_missing(store, state, lease)

@@ -876,3 +876,19 @@ def test_resume_of_a_waiting_run_with_changed_instructions_writes_nothing(store:
     state = changed.resume("wait2")
     assert state.status == "waiting" and model.requests == []
     assert journal_bytes(store, "wait2") == before
+
+
+def test_the_driving_process_holds_exactly_the_entries_a_load_returns(store: Any) -> None:
+    @tool(effect="read_only")
+    def look(city: str) -> str:
+        """Look a city up."""
+        return f"{city}: sunny"
+
+    script = [[call("look", city="Oslo"), call("look", city="Rome")], call("look", city="Lima"), "done"]
+    state = Agent(ScriptedModel(script), tools=[look], store=store).run("go")
+    loaded = store.load(state.id)
+    assert [tether.journal.entry_to_dict(e) | {"w": e.w, "h": e.h} for e in state.history] == [
+        tether.journal.entry_to_dict(e) | {"w": e.w, "h": e.h} for e in loaded.history
+    ]
+    assert all(e.h and e.w for e in state.history)  # every entry in the fold is the sealed one
+    assert state.output == loaded.output == "done" and state.reason is None

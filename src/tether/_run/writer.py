@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .. import journal as j
@@ -47,29 +47,42 @@ class _Job:
     run: Callable[[], None]
 
 
-@dataclass
 class Writer:
     """Appends one driven run's entries, one append at a time.
 
-    Attributes:
+    Args:
+        store: where the run lives.
+        lease: this process's hold on the run (its token fences every append).
         journal: the run's JournalWriter (``journal.state`` is the run).
+        gate: whether a tool may start (a stopping drive starts none, even after a durable append).
+        emit: receives each entry once its append returned (``agent.stream``).
+
+    Attributes:
         acted: whether this drive has queued ``run_resumed`` (its first acting entry, DURABILITY 1.5).
-        save_failed: the error of the last append, while it has not succeeded since.
-        inbox_hint: the inbox's length as the last append read it, and when.
+        save_failed: the error of the last append, while none has succeeded since.
+        inbox_hint: the inbox's length as the last append read it, and when (``time.monotonic``).
         handed_over: the calls whose sync tool the store's thread started after an append.
     """
 
-    store: Store
-    lease: Lease
-    journal: JournalWriter
-    gate: StartGate
-    emit: Callable[[Event], None] | None = None
-    acted: bool = False
-    save_failed: BaseException | None = None
-    inbox_hint: tuple[int, float] = (0, float("-inf"))
-    handed_over: set[str] = field(default_factory=set)
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _after_append: dict[int, _Job] = field(default_factory=dict)
+    def __init__(
+        self,
+        store: Store,
+        lease: Lease,
+        journal: JournalWriter,
+        gate: StartGate,
+        emit: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.lease = lease
+        self.journal = journal
+        self.gate = gate
+        self.emit = emit
+        self.acted = False
+        self.save_failed: BaseException | None = None
+        self.inbox_hint: tuple[int, float] = (0, float("-inf"))
+        self.handed_over: set[str] = set()
+        self._lock = asyncio.Lock()
+        self._after_append: dict[int, _Job] = {}  # sync tools to start, by the seq of their tool_started
 
     def add(self, entry_type: type[j.Entry], **fields: Any) -> j.Entry:
         """Queue the next entry (folded into the State at once)."""

@@ -1,7 +1,7 @@
 """The ``tether`` command: list, show, cancel, delete, prune and fork runs, and watch the crash demo.
 
-Built with typer and rich; only the CLI modules (this one, ``_cli_base`` and ``_cli_agents``, which holds
-``run``, ``resume``, ``approve`` and ``deny``) import them, and ``import tether`` never imports them. Every
+Built with typer and rich; only the modules of ``_cli`` (this one, ``common``, ``agents``, which holds
+``run``, ``resume``, ``approve`` and ``deny``, and ``workers``) import them, and ``import tether`` never imports them. Every
 command takes ``--store URL`` (default: ``$TETHER_STORE``, else ``DEFAULT_STORE``, a SQLite file under the
 current folder). Bad input prints one line, ``error: what went wrong. Fix: what to do``, on stderr and exits
 with code 2.

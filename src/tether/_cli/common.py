@@ -1,6 +1,6 @@
 """What every ``tether`` command shares: the typer app, the store option, one-line errors, agent loading.
 
-Only the CLI modules (``cli``, ``_cli_agents``) import this one; ``import tether`` never does.
+Only the modules of ``_cli`` import this one; ``import tether`` never does.
 """
 
 from __future__ import annotations

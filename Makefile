@@ -17,12 +17,13 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples lint
+	$(VENV)/bin/ruff format --check src tests bench examples lint
+	$(VENV)/bin/lint-imports --no-logo
 
 format: $(STAMP)
-	$(VENV)/bin/ruff check --fix src tests bench examples
-	$(VENV)/bin/ruff format src tests bench examples
+	$(VENV)/bin/ruff check --fix src tests bench examples lint
+	$(VENV)/bin/ruff format src tests bench examples lint
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -34,4 +35,4 @@ bench: $(STAMP)
 	$(PY) bench/import_time.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache

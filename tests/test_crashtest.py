@@ -3,6 +3,8 @@ process, then whole crash tests on small scenarios, including ones built to brea
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,37 @@ def ctx(call_id: str = "c3_0", attempt: int = 1, run_id: str = "r") -> ToolConte
 
 # --------------------------------------------------------------------------------------------------
 # Pieces
+
+
+def test_import_tether_testing_loads_no_harness_and_no_pytest() -> None:
+    """ScriptedModel and ExecutionLog load with tether.testing; the harness and the conformance suite on use."""
+    code = (
+        "import sys, tether.testing as t\n"
+        "names = ('pytest', 'tether._harness.crash', 'tether._harness.conformance')\n"
+        "print(sorted(m for m in names if m in sys.modules))\n"
+        "t.crash_test, t.record_execution, t.CrashReport\n"
+        "print(sorted(m for m in names if m in sys.modules))\n"
+        "t.StoreConformance\n"
+        "print(sorted(m for m in names if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "[]",
+        "['tether._harness.crash']",
+        "['pytest', 'tether._harness.conformance', 'tether._harness.crash']",
+    ]
+
+
+def test_tether_testing_re_exports_the_harness() -> None:
+    import tether.testing
+    from tether._harness.execution_log import ExecutionLog as Moved
+
+    assert ExecutionLog is Moved
+    assert tether.testing.crash_test is crash_test and tether.testing.record_execution is record_execution
+    assert {"StoreConformance", "crash_test", "ExecutionLog"} <= set(dir(tether.testing))
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        tether.testing.nothing  # noqa: B018
 
 
 def test_calls_without_result_finds_calls_no_later_result_answers() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ... import journal as j
 from ...state import State
+from ..execution_log import ExecutionLog
 
 __all__ = ["ENDS", "judge"]
 
@@ -26,8 +27,6 @@ def _describe(exc: BaseException) -> str:
 
 
 def _records(log: Path) -> list[dict[str, Any]]:
-    from ...testing import ExecutionLog
-
     return ExecutionLog(log).records()
 
 

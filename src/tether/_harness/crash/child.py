@@ -26,6 +26,7 @@ from ...messages import Message
 from ...models.base import Model, ModelReply, ModelRequest, TextCallback
 from ...stores import Store, open_store
 from ...tools import Tool, ToolContext
+from ..execution_log import ExecutionLog
 
 __all__ = ["LOG_ENV", "calls_without_result", "load_agent", "record_execution"]
 
@@ -62,8 +63,6 @@ def _record(event: str, ctx: ToolContext, effect: str, **more: Any) -> None:
     path = os.environ.get(LOG_ENV)
     if not path:
         return
-    from ...testing import ExecutionLog  # tether.testing re-exports this module: import it late
-
     ExecutionLog(path).record(
         event=event,
         run_id=ctx.run_id,
@@ -138,8 +137,6 @@ class _WatchedModel:
     async def request(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelReply:
         path = os.environ.get(LOG_ENV)
         if path:
-            from ...testing import ExecutionLog
-
             ExecutionLog(path).record(
                 event="request",
                 run_id=request.run_id,
@@ -173,8 +170,6 @@ def _record_appends(store: Store) -> None:
         append(run_id, entries, **kwargs)
         path = os.environ.get(LOG_ENV)
         if path and entries:
-            from ...testing import ExecutionLog
-
             ExecutionLog(path).record(
                 event="append", run_id=run_id, seq=entries[0].seq, kinds=[e.kind for e in entries]
             )
@@ -234,12 +229,12 @@ def _fork_server_main() -> None:
         """
         return text
 
-    from ... import testing
+    from ...models import scripted  # what tether.testing imports (the harness never imports tether.testing)
     from ...stores import files, sqlite
     from ...tools import tool
 
     tool(warm)
-    del testing, files, sqlite
+    del scripted, files, sqlite
     out = sys.stdout.buffer
     for line in sys.stdin.buffer:
         request = orjson.loads(line)

@@ -26,14 +26,13 @@ from .._threads import Threads
 from ..errors import ConflictError, RunBusyError, RunNotFoundError
 from ..inbox import InboxItem, consume
 from ..state import State
+from ._fork import fork_boundary, inherited
 from ._listing import ListCursor, as_cutoff, listing_key
-from ._planning import (
+from ._planner import (
     check_batch,
     check_prune_statuses,
     delete_children_error,
     delete_subagent_error,
-    fork_boundary,
-    inherited,
     listed_child_needs_work,
     plan_claim_next,
     plan_delete,

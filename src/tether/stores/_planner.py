@@ -1,17 +1,15 @@
-"""The selection rules of ``claim_next``, ``prune``, ``delete`` and ``fork`` over ``RunInfo`` records and entries.
+"""The one planner: what ``append``, ``claim_next``, ``prune`` and ``delete`` do, decided without I/O.
 
 Stores that list in Python call the ``plan_*`` functions under their own locks; SQL stores say the same in SQL.
+Nothing here folds entries (DESIGN 8.1: stores never fold) or imports ``tether.state``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Iterable, Sequence
-from typing import Any
 
 from .. import journal as j
 from ..errors import RunNotFoundError
-from ..state import State
 from ._listing import listing_key
 from ._records import RunInfo
 
@@ -20,8 +18,6 @@ __all__ = [
     "check_prune_statuses",
     "delete_children_error",
     "delete_subagent_error",
-    "fork_boundary",
-    "inherited",
     "listed_child_needs_work",
     "plan_claim_next",
     "plan_delete",
@@ -173,38 +169,3 @@ def delete_children_error(run_id: str, count: int) -> ValueError:
         f"run {run_id} has {count} subagent run{'s' if count > 1 else ''}. Fix: pass children=True to "
         f"delete them with it (tether rm {run_id} --children)"
     )
-
-
-_BOUNDARY_KINDS = frozenset(
-    {"run_started", "message", "model_replied", "tool_finished", "compacted", "run_stopped"}
-)
-
-
-def fork_boundary(entries: Sequence[j.Entry], at_seq: int) -> int:
-    """The last seq at or before ``at_seq`` that ends a turn (see ``Store.fork``).
-
-    That is a ``run_started``, ``message``, ``model_replied``, ``tool_finished``, ``compacted`` or
-    ``run_stopped`` entry after which no call is open.
-    """
-    state = State(id="fork")
-    boundary = 0
-    for entry in entries[: at_seq + 1]:
-        state.apply(entry)
-        if entry.kind in _BOUNDARY_KINDS and not state.open_calls:
-            boundary = entry.seq
-    return boundary
-
-
-_INBOX_FIELDS = {"inbox_seq": None, "item_id": None}
-
-
-def inherited(entry: j.Entry) -> j.Entry:
-    """A source entry as a fork keeps it: unsealed, and no longer tied to the source's inbox."""
-    changes: dict[str, Any] = {"w": "", "h": "", "b": 0}
-    if isinstance(entry, j.InboxSkipped):
-        changes.update(inbox_seq=-1, item_id=None)
-    else:
-        for name, value in _INBOX_FIELDS.items():
-            if hasattr(entry, name):
-                changes[name] = value
-    return dataclasses.replace(entry, **changes)

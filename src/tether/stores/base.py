@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from .. import journal as j
 from .._threads import Threads
-from ..errors import ConflictError, RunBusyError, RunNotFoundError
+from ..errors import RunBusyError, RunNotFoundError
 from ..inbox import InboxItem, consume
 from ..state import State
 from ._fork import fork_boundary, inherited
@@ -597,15 +597,6 @@ class Store(abc.ABC):
             return page, None
         following = ListCursor(since=top).encode()
         return page, (following if self.list(**filters, limit=1, cursor=following) else None)
-
-    def conflict(self, run_id: str, seq: int, stored: j.Entry) -> ConflictError:
-        """The ConflictError for an append that met another writer's entry at ``seq``."""
-        return ConflictError(
-            f"run {run_id} seq {seq} holds a {stored.kind} entry from writer {stored.w[:8]}, not this one. "
-            "Fix: store.load(id) again and continue from there",
-            run_id=run_id,
-            seq=seq,
-        )
 
     def close(self) -> None:
         """Release resources (the I/O threads, connections)."""

@@ -42,15 +42,10 @@ from typing import Any
 import orjson
 
 from ... import journal as j
-from ...errors import (
-    ConflictError,
-    LeaseLostError,
-    RunBusyError,
-    RunNotFoundError,
-    StoreBrokenError,
-)
+from ...errors import RunBusyError, RunNotFoundError, StoreBrokenError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
+from .._records import conflict_error, gap_error, lease_lost_error
 from ..base import (
     Lease,
     Owner,
@@ -277,11 +272,7 @@ class FileStore(FileListing):
             if held is None or held.token != lease_token:  # the fence: this store object holds the flock
                 if not os.path.lexists(jpath):
                     raise RunNotFoundError(run_id)
-                raise LeaseLostError(
-                    f"run {run_id} is not held by this store with token {lease_token} (it was released, "
-                    "abandoned or taken over). Fix: stop writing; claim the run again and reload it",
-                    run_id=run_id,
-                )
+                raise lease_lost_error(run_id, lease_token, held.token if held else None)
             if not entries:
                 return  # as MemoryStore: nothing to write
             fl.check_batch(run_id, entries, expected_seq)
@@ -312,12 +303,7 @@ class FileStore(FileListing):
         tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
         n = tail.length
         if expected_seq > n:
-            raise ConflictError(
-                f"run {run_id}: append at seq {expected_seq} leaves a gap after {n} entries. Fix: store.load(id) "
-                "again",
-                run_id=run_id,
-                seq=n,
-            )
+            raise gap_error(run_id, expected_seq, n)
         k = min(len(entries), n - expected_seq)
         if k:
             self._compare(run_id, fd, tail, entries[:k], expected_seq)
@@ -358,7 +344,7 @@ class FileStore(FileListing):
         for i, entry in enumerate(head):
             old = stored[expected_seq + i]
             if old.w != entry.w or old.h != entry.h:
-                raise self.conflict(run_id, old.seq, old)
+                raise conflict_error(run_id, old.seq, old)
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         jpath, _, _ = self._paths(run_id)
@@ -498,10 +484,7 @@ class FileStore(FileListing):
     def renew(self, lease: Lease) -> Lease:
         held = self._held.get(lease.run_id)
         if held is None or held.token != lease.token:
-            raise LeaseLostError(
-                f"run {lease.run_id} is no longer held by this store (token {lease.token}). Fix: stop driving it",
-                run_id=lease.run_id,
-            )
+            raise lease_lost_error(lease.run_id, lease.token, held.token if held else None)
         return lease
 
     def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:

@@ -36,11 +36,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from ... import journal as j
-from ...errors import ConflictError, CorruptJournalError, RunNotFoundError, TetherError
+from ...errors import CorruptJournalError, RunNotFoundError, TetherError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .. import base
 from .._listing import ListQuery
+from .._records import conflict_error, gap_error, kept_changing_error, lease_lost_error
 from ..base import Lease, Owner, RunInfo, Store, busy_error
 from ._sql import (
     CHANNEL,
@@ -59,7 +60,6 @@ from ._sql import (
     holding,
     info_of,
     listing_of,
-    lost,
     redact,
     refuse_newer,
     schema_version,
@@ -292,8 +292,7 @@ class PostgresStore(Store):
                     if not new:
                         return []
                 else:
-                    raise ConflictError(f"run {run_id}: the journal kept changing under this append. Fix: "
-                                        "store.load(id) again", run_id=run_id)  # fmt: skip
+                    raise kept_changing_error(run_id)
                 if fp.ACTIVE and fp.hits("before_append", new):
                     fp.die()  # inside the transaction: the server rolls it back
                 self._insert(conn, run_id, new)
@@ -310,17 +309,16 @@ class PostgresStore(Store):
         """Why the fence matched no row: raise, or return where to write and what is not stored yet."""
         n, current, live = self._row(conn, run_id, f"length, lease_token, {LIVE}")
         if token != current or not live:
-            raise lost(run_id, token, current)
+            raise lease_lost_error(run_id, token, current)
         if expected_seq > n and entries:
-            raise ConflictError(f"run {run_id}: append at seq {expected_seq} leaves a gap after {n} entries. "
-                                "Fix: store.load(id) again", run_id=run_id, seq=n)  # fmt: skip
+            raise gap_error(run_id, expected_seq, n)
         k = max(0, min(len(entries), n - expected_seq))
         stored = conn.execute("SELECT seq, body FROM entries WHERE run_id = %s AND seq >= %s AND seq < %s "
                               "ORDER BY seq", (run_id, expected_seq, expected_seq + k)).fetchall()  # fmt: skip
         for (seq, body), entry in zip(stored, entries, strict=False):
             obj = orjson.loads(body)
             if obj.get("w") != entry.w or obj.get("h") != entry.h:
-                raise self.conflict(run_id, seq, j.decode_entry(bytes(body), run_id))
+                raise conflict_error(run_id, seq, j.decode_entry(bytes(body), run_id))
         return n, builtins.list(entries[k:])
 
     def read(self, run_id: str, after_seq: int = -1) -> builtins.list[j.Entry]:
@@ -444,7 +442,7 @@ class PostgresStore(Store):
                                (lease.ttl if lease.ttl is not None else self.ttl, lease.run_id, lease.token)
                                ).fetchone()  # fmt: skip
             if row is None:
-                raise lost(lease.run_id, lease.token, None)
+                raise lease_lost_error(lease.run_id, lease.token)
             return Lease(lease.run_id, lease.token, lease.owner, row[0], lease.ttl)
 
         return self._run(attempt, retry_for=(lease.ttl or self.ttl or 30.0) / 4)  # the renewer tries again

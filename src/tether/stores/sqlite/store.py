@@ -40,10 +40,11 @@ from typing import Any
 import orjson
 
 from ... import journal as j
-from ...errors import ConflictError, CorruptJournalError, LeaseLostError, RunNotFoundError, TetherError
+from ...errors import CorruptJournalError, RunNotFoundError, TetherError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .._listing import ListQuery
+from .._records import conflict_error, gap_error, lease_lost_error
 from ..base import (
     Lease,
     Owner,
@@ -276,16 +277,11 @@ class SQLiteStore(Store):
             now = time.time()
             n, token, owner, expires = self._row(conn, run_id, _HELD)
             if lease_token != token or not _live(owner, expires, now):
-                raise self._lost(run_id, lease_token, token)
+                raise lease_lost_error(run_id, lease_token, token)
             if not entries:
                 return
             if expected_seq > n:
-                raise ConflictError(
-                    f"run {run_id}: append at seq {expected_seq} leaves a gap after {n} entries. Fix: "
-                    "store.load(id) again",
-                    run_id=run_id,
-                    seq=n,
-                )
+                raise gap_error(run_id, expected_seq, n)
             k = min(len(entries), n - expected_seq)
             if k:
                 stored = _all(
@@ -296,7 +292,7 @@ class SQLiteStore(Store):
                 for (seq, body), entry in zip(stored, entries, strict=False):
                     obj = orjson.loads(body)
                     if obj.get("w") != entry.w or obj.get("h") != entry.h:
-                        raise self.conflict(run_id, seq, j.decode_entry(body, run_id))
+                        raise conflict_error(run_id, seq, j.decode_entry(body, run_id))
             new = entries[k:]
             if not new:
                 return
@@ -311,21 +307,12 @@ class SQLiteStore(Store):
                  run_id, n, lease_token, now),
             )  # fmt: skip
             if cur.rowcount != 1:  # cannot happen under the write lock; the fence is here all the same
-                raise self._lost(run_id, lease_token, token)
+                raise lease_lost_error(run_id, lease_token, token)
             self._insert(conn, run_id, new)
             if fp.ACTIVE and fp.hits("torn_append", new):
                 fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
         if fp.ACTIVE and fp.hits("after_append", new):
             fp.die()
-
-    @staticmethod
-    def _lost(run_id: str, token: int | None, current: int | None) -> LeaseLostError:
-        now = "" if current is None else f", current {current}"
-        return LeaseLostError(
-            f"run {run_id} is no longer held by this writer (token {token}{now}; released, expired or taken "
-            "over). Fix: stop writing; claim the run again and reload it",
-            run_id=run_id,
-        )
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         after_seq = max(after_seq, -1)
@@ -439,7 +426,7 @@ class SQLiteStore(Store):
                 (expires, lease.run_id, lease.token),
             )
             if cur.rowcount != 1:
-                raise self._lost(lease.run_id, lease.token, None)
+                raise lease_lost_error(lease.run_id, lease.token)
         return renewed
 
     def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:

@@ -15,7 +15,8 @@ from .. import journal as j
 from ..errors import RunNotFoundError
 from ..inbox import InboxItem, make_item
 from ._listing import ListQuery
-from ._records import conflict_error, gap_error, lease_lost_error
+from ._planner import plan_append, stored_in
+from ._records import lease_lost_error
 from .base import (
     Lease,
     Owner,
@@ -113,21 +114,13 @@ class MemoryStore(Store):
     ) -> None:
         with self._lock:
             run = self._run(run_id)
-            if lease_token != run.token or not self._held(run):
+            if lease_token != run.token or not self._held(run):  # the fence, under the lock that appends
                 raise lease_lost_error(run_id, lease_token, run.token)
-            if not entries:
-                return
-            check_batch(run_id, entries, expected_seq)
-            n = len(run.entries)
-            if expected_seq > n:
-                raise gap_error(run_id, expected_seq, n)
-            k = min(len(entries), n - expected_seq)
-            for i in range(k):
-                stored = run.entries[expected_seq + i]
-                if stored.w != entries[i].w or stored.h != entries[i].h:
-                    raise conflict_error(run_id, expected_seq + i, stored)
-            run.entries.extend(entries[k:])
-            run.info = dict(info)
+            n, stored = len(run.entries), stored_in(run.entries)
+            new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
+            if new:
+                run.entries.extend(new)
+                run.info = dict(info)
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         with self._lock:

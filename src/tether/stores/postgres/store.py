@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -41,7 +42,8 @@ from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .. import base
 from .._listing import ListQuery
-from .._records import conflict_error, gap_error, kept_changing_error, lease_lost_error
+from .._planner import Stored, plan_append, stored_body
+from .._records import kept_changing_error, lease_lost_error
 from ..base import Lease, Owner, RunInfo, Store, busy_error
 from ._sql import (
     CHANNEL,
@@ -274,7 +276,7 @@ class PostgresStore(Store):
 
     def append(self, run_id: str, entries: Sequence[j.Entry], *, expected_seq: int, writer: str,
                lease_token: int | None, info: dict[str, Any]) -> None:  # fmt: skip
-        if entries:
+        if entries:  # the fence below assumes n == expected_seq (a new append); plan_append rules otherwise
             base.check_batch(run_id, entries, expected_seq)
         listing, consumed = listing_of(info), int(info.get("inbox_consumed", -1))
 
@@ -310,16 +312,15 @@ class PostgresStore(Store):
         n, current, live = self._row(conn, run_id, f"length, lease_token, {LIVE}")
         if token != current or not live:
             raise lease_lost_error(run_id, token, current)
-        if expected_seq > n and entries:
-            raise gap_error(run_id, expected_seq, n)
-        k = max(0, min(len(entries), n - expected_seq))
-        stored = conn.execute("SELECT seq, body FROM entries WHERE run_id = %s AND seq >= %s AND seq < %s "
-                              "ORDER BY seq", (run_id, expected_seq, expected_seq + k)).fetchall()  # fmt: skip
-        for (seq, body), entry in zip(stored, entries, strict=False):
-            obj = orjson.loads(body)
-            if obj.get("w") != entry.w or obj.get("h") != entry.h:
-                raise conflict_error(run_id, seq, j.decode_entry(bytes(body), run_id))
-        return n, builtins.list(entries[k:])
+        stored = functools.partial(self._stored, conn, run_id)
+        return n, plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
+
+    @staticmethod
+    def _stored(conn: Conn, run_id: str, first: int, end: int) -> builtins.list[Stored]:
+        """The stored entries ``first <= seq < end`` of a retried append, read in the append's transaction."""
+        rows = conn.execute("SELECT body FROM entries WHERE run_id = %s AND seq >= %s AND seq < %s ORDER BY seq",
+                            (run_id, first, end)).fetchall()  # fmt: skip
+        return [stored_body(run_id, bytes(body)) for (body,) in rows]
 
     def read(self, run_id: str, after_seq: int = -1) -> builtins.list[j.Entry]:
         after_seq = max(after_seq, -1)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -44,7 +45,8 @@ from ...errors import CorruptJournalError, RunNotFoundError, TetherError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .._listing import ListQuery
-from .._records import conflict_error, gap_error, lease_lost_error
+from .._planner import Stored, plan_append, stored_body
+from .._records import lease_lost_error
 from ..base import (
     Lease,
     Owner,
@@ -93,6 +95,12 @@ def _all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list
 
 def _one(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
     return next(iter(_all(conn, sql, params)), None)
+
+
+def _stored(conn: sqlite3.Connection, run_id: str, first: int, end: int) -> list[Stored]:
+    """The stored entries ``first <= seq < end`` of a retried append, read in the append's transaction."""
+    sql = "SELECT body FROM entries WHERE run_id = ? AND seq >= ? AND seq < ? ORDER BY seq"
+    return [stored_body(run_id, body) for (body,) in _all(conn, sql, (run_id, first, end))]
 
 
 class SQLiteStore(Store):
@@ -271,29 +279,13 @@ class SQLiteStore(Store):
         lease_token: int | None,
         info: dict[str, Any],
     ) -> None:
-        if entries:
-            check_batch(run_id, entries, expected_seq)
         with self._write() as conn:
             now = time.time()
             n, token, owner, expires = self._row(conn, run_id, _HELD)
             if lease_token != token or not _live(owner, expires, now):
                 raise lease_lost_error(run_id, lease_token, token)
-            if not entries:
-                return
-            if expected_seq > n:
-                raise gap_error(run_id, expected_seq, n)
-            k = min(len(entries), n - expected_seq)
-            if k:
-                stored = _all(
-                    conn,
-                    "SELECT seq, body FROM entries WHERE run_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
-                    (run_id, expected_seq, expected_seq + k),
-                )
-                for (seq, body), entry in zip(stored, entries, strict=False):
-                    obj = orjson.loads(body)
-                    if obj.get("w") != entry.w or obj.get("h") != entry.h:
-                        raise conflict_error(run_id, seq, j.decode_entry(body, run_id))
-            new = entries[k:]
+            stored = functools.partial(_stored, conn, run_id)
+            new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
             if not new:
                 return
             if fp.ACTIVE and fp.hits("before_append", new):

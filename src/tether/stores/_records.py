@@ -1,6 +1,6 @@
 """The records stores deal in: who holds a run (``Owner``), a held run (``Lease``), a listed run (``RunInfo``).
 
-Also the error a take gives when the run is held.
+Also the errors of a take, an append and a renew, each worded here once for every store.
 """
 
 from __future__ import annotations
@@ -11,9 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import journal as j
-from ..errors import RunBusyError
+from ..errors import ConflictError, LeaseLostError, RunBusyError
 
-__all__ = ["Lease", "Owner", "RunInfo", "busy_error", "pid_alive"]
+__all__ = [
+    "Lease",
+    "Owner",
+    "RunInfo",
+    "busy_error",
+    "conflict_error",
+    "gap_error",
+    "kept_changing_error",
+    "lease_lost_error",
+    "pid_alive",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,4 +131,52 @@ def busy_error(run_id: str, owner: Owner | None) -> RunBusyError:
         "that process",
         run_id=run_id,
         owner=owner.to_dict(),
+    )
+
+
+def lease_lost_error(run_id: str, token: int | None, current: int | None = None) -> LeaseLostError:
+    """The LeaseLostError of an append or renew whose lease ``token`` no longer holds the run.
+
+    ``current`` is the run's token now, named in the message when the store knows it.
+    """
+    now = "" if current is None else f", current {current}"
+    return LeaseLostError(
+        f"run {run_id} is no longer held by this writer (token {token}{now}: released, expired, abandoned or "
+        "taken over). Fix: stop writing; claim the run again and reload it",
+        run_id=run_id,
+    )
+
+
+def gap_error(run_id: str, expected_seq: int, length: int) -> ConflictError:
+    """The ConflictError of an append at ``expected_seq`` past the ``length`` stored entries (a gap).
+
+    Its ``seq`` is ``length``, the first seq the journal lacks.
+    """
+    return ConflictError(
+        f"run {run_id}: append at seq {expected_seq} leaves a gap after {length} entries. Fix: "
+        "store.load(id) again and continue from there",
+        run_id=run_id,
+        seq=length,
+    )
+
+
+def conflict_error(run_id: str, seq: int, stored: j.Entry) -> ConflictError:
+    """The ConflictError of an append that met another writer's (or other content's) ``stored`` entry at ``seq``.
+
+    The message names the seq, the stored entry's kind and its writer.
+    """
+    return ConflictError(
+        f"run {run_id} seq {seq} holds a {stored.kind} entry from writer {stored.w[:8]}, not this one. "
+        "Fix: store.load(id) again and continue from there",
+        run_id=run_id,
+        seq=seq,
+    )
+
+
+def kept_changing_error(run_id: str) -> ConflictError:
+    """The ConflictError of an append whose fence kept missing because other appends kept landing."""
+    return ConflictError(
+        f"run {run_id}: the journal kept changing under this append. Fix: store.load(id) again and "
+        "continue from there",
+        run_id=run_id,
     )

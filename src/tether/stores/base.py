@@ -21,12 +21,12 @@ from typing import Any, ParamSpec, TypeVar
 
 from .. import journal as j
 from .._threads import Threads
-from ..errors import ConflictError, RunNotFoundError
+from ..errors import RunNotFoundError
 from ..inbox import InboxItem
 from ..state import State
 from . import operations
 from ._listing import ListCursor, as_cutoff, listing_key
-from ._planning import (
+from ._planner import (
     check_batch,
     check_prune_statuses,
     delete_children_error,
@@ -469,15 +469,6 @@ class Store(abc.ABC):
             return page, None
         following = ListCursor(since=top).encode()
         return page, (following if self.list(**filters, limit=1, cursor=following) else None)
-
-    def conflict(self, run_id: str, seq: int, stored: j.Entry) -> ConflictError:
-        """The ConflictError for an append that met another writer's entry at ``seq``."""
-        return ConflictError(
-            f"run {run_id} seq {seq} holds a {stored.kind} entry from writer {stored.w[:8]}, not this one. "
-            "Fix: store.load(id) again and continue from there",
-            run_id=run_id,
-            seq=seq,
-        )
 
     def close(self) -> None:
         """Release resources (the I/O threads, connections)."""

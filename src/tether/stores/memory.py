@@ -12,9 +12,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .. import journal as j
-from ..errors import ConflictError, LeaseLostError, RunNotFoundError
+from ..errors import RunNotFoundError
 from ..inbox import InboxItem, make_item
 from ._listing import ListQuery
+from ._planner import plan_append, stored_in
+from ._records import lease_lost_error
 from .base import (
     Lease,
     Owner,
@@ -112,30 +114,13 @@ class MemoryStore(Store):
     ) -> None:
         with self._lock:
             run = self._run(run_id)
-            if lease_token != run.token or not self._held(run):
-                raise LeaseLostError(
-                    f"run {run_id} is no longer held by this writer (token {lease_token}, current "
-                    f"{run.token}). Fix: stop; another process drives the run now",
-                    run_id=run_id,
-                )
-            if not entries:
-                return
-            check_batch(run_id, entries, expected_seq)
-            n = len(run.entries)
-            if expected_seq > n:
-                raise ConflictError(
-                    f"run {run_id}: append at seq {expected_seq} leaves a gap after {n} entries. Fix: store.load(id) "
-                    "again",
-                    run_id=run_id,
-                    seq=n,
-                )
-            k = min(len(entries), n - expected_seq)
-            for i in range(k):
-                stored = run.entries[expected_seq + i]
-                if stored.w != entries[i].w or stored.h != entries[i].h:
-                    raise self.conflict(run_id, expected_seq + i, stored)
-            run.entries.extend(entries[k:])
-            run.info = dict(info)
+            if lease_token != run.token or not self._held(run):  # the fence, under the lock that appends
+                raise lease_lost_error(run_id, lease_token, run.token)
+            n, stored = len(run.entries), stored_in(run.entries)
+            new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
+            if new:
+                run.entries.extend(new)
+                run.info = dict(info)
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         with self._lock:
@@ -183,9 +168,7 @@ class MemoryStore(Store):
         with self._lock:
             run = self._run(lease.run_id)
             if run.token != lease.token or not self._held(run):
-                raise LeaseLostError(
-                    f"run {lease.run_id} lease was lost. Fix: stop driving it", run_id=lease.run_id
-                )
+                raise lease_lost_error(lease.run_id, lease.token, run.token)
             ttl = lease.ttl
             run.expires = time.monotonic() + ttl if ttl else None
             run.expires_at = time.time() + ttl if ttl else None

@@ -17,7 +17,7 @@ import orjson
 
 from ... import journal as j
 from .. import _failpoints as fp
-from .._planning import check_batch
+from .._planner import check_batch
 
 __all__ = [
     "UndoFailed",

@@ -42,15 +42,11 @@ from typing import Any
 import orjson
 
 from ... import journal as j
-from ...errors import (
-    ConflictError,
-    LeaseLostError,
-    RunBusyError,
-    RunNotFoundError,
-    StoreBrokenError,
-)
+from ...errors import RunBusyError, RunNotFoundError, StoreBrokenError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
+from .._planner import Stored, plan_append, stored_entry
+from .._records import lease_lost_error
 from ..base import (
     Lease,
     Owner,
@@ -277,14 +273,9 @@ class FileStore(FileListing):
             if held is None or held.token != lease_token:  # the fence: this store object holds the flock
                 if not os.path.lexists(jpath):
                     raise RunNotFoundError(run_id)
-                raise LeaseLostError(
-                    f"run {run_id} is not held by this store with token {lease_token} (it was released, "
-                    "abandoned or taken over). Fix: stop writing; claim the run again and reload it",
-                    run_id=run_id,
-                )
+                raise lease_lost_error(run_id, lease_token, held.token if held else None)
             if not entries:
-                return  # as MemoryStore: nothing to write
-            fl.check_batch(run_id, entries, expected_seq)
+                return  # nothing to write (as plan_append says), and no lock to take for it
             fd = self._jfds.get(run_id)
             if fd is None:
                 fd = self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)
@@ -311,17 +302,8 @@ class FileStore(FileListing):
             )
         tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
         n = tail.length
-        if expected_seq > n:
-            raise ConflictError(
-                f"run {run_id}: append at seq {expected_seq} leaves a gap after {n} entries. Fix: store.load(id) "
-                "again",
-                run_id=run_id,
-                seq=n,
-            )
-        k = min(len(entries), n - expected_seq)
-        if k:
-            self._compare(run_id, fd, tail, entries[:k], expected_seq)
-        new = entries[k:]
+        stored = functools.partial(_stored, run_id, fd, tail)
+        new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
         if not new:
             return  # a retried append that was stored whole
         data, info_line = fl.encode_append(new, info, n + len(new), token)
@@ -346,19 +328,6 @@ class FileStore(FileListing):
         version = new[0].version if isinstance(new[0], j.RunStarted) else tail.version
         parsed = ft.Parsed([], end + len(data), n + len(new), version, info_line, new)
         self._jtails[run_id] = ft.JTail.of(os.fstat(fd), parsed)
-
-    def _compare(self, run_id: str, fd: int, tail: ft.JTail, head: list[j.Entry], expected_seq: int) -> None:
-        """A retried append: its first entries must be the stored ones (same ``w`` and ``h``)."""
-        stored = {e.seq: e for e in tail.last}
-        if any(expected_seq + i not in stored for i in range(len(head))):  # older than the last append
-            parsed = ft.parse_forward(
-                run_id, fl.pread_all(fd, tail.end, 0), base=0, seq=0, version=None, keep=True
-            )
-            stored = {e.seq: e for e in parsed.entries[expected_seq : expected_seq + len(head)]}
-        for i, entry in enumerate(head):
-            old = stored[expected_seq + i]
-            if old.w != entry.w or old.h != entry.h:
-                raise self.conflict(run_id, old.seq, old)
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         jpath, _, _ = self._paths(run_id)
@@ -498,10 +467,7 @@ class FileStore(FileListing):
     def renew(self, lease: Lease) -> Lease:
         held = self._held.get(lease.run_id)
         if held is None or held.token != lease.token:
-            raise LeaseLostError(
-                f"run {lease.run_id} is no longer held by this store (token {lease.token}). Fix: stop driving it",
-                run_id=lease.run_id,
-            )
+            raise lease_lost_error(lease.run_id, lease.token, held.token if held else None)
         return lease
 
     def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
@@ -548,6 +514,21 @@ class FileStore(FileListing):
 
 # --------------------------------------------------------------------------------------------------
 # Helpers
+
+
+def _stored(run_id: str, fd: int, tail: ft.JTail, first: int, end: int) -> list[Stored]:
+    """The stored entries ``first <= seq < end`` of a retried append; the caller holds the journal's flock.
+
+    From the cached last append when it holds them all, else from one parse of the journal up to
+    ``tail.end`` (a retry of an older append: rare, and never on the path of a new append).
+    """
+    last = tail.last
+    if last and last[0].seq <= first and end <= last[-1].seq + 1:
+        found = last[first - last[0].seq : end - last[0].seq]
+    else:
+        data = fl.pread_all(fd, tail.end, 0)
+        found = ft.parse_forward(run_id, data, base=0, seq=0, version=None, keep=True).entries[first:end]
+    return [stored_entry(entry) for entry in found]
 
 
 def _exists(run_id: str) -> ValueError:

@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
 from ... import journal as j
-from ...errors import LeaseLostError, TetherError
+from ...errors import TetherError
 from .. import base
 from ..base import Owner, RunInfo
 
@@ -127,12 +127,6 @@ def info_of(row: Sequence[Any]) -> RunInfo:
         lease_owner=f"{owner.host}:{owner.pid}" if owner else None, lease_expires_at=row[10] if owner else None,
         length=int(row[12]), inbox_len=int(row[13]), inbox_consumed=int(row[14]),
     )  # fmt: skip
-
-
-def lost(run_id: str, token: int | None, current: int | None) -> LeaseLostError:
-    now = "" if current is None else f", current {current}"
-    return LeaseLostError(f"run {run_id} is no longer held by this writer (token {token}{now}; released, expired "
-                          "or taken over). Fix: stop writing; claim the run again and reload it", run_id=run_id)  # fmt: skip
 
 
 def schema_version(conn: Conn, attempt: int = 0) -> int:

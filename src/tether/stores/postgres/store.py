@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -36,11 +37,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from ... import journal as j
-from ...errors import ConflictError, CorruptJournalError, RunNotFoundError, TetherError
+from ...errors import CorruptJournalError, RunNotFoundError, TetherError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .. import base
 from .._listing import ListQuery
+from .._planner import Stored, plan_append, stored_body
+from .._records import kept_changing_error, lease_lost_error
 from ..base import Lease, Owner, RunInfo, Store, busy_error
 from ._sql import (
     CHANNEL,
@@ -59,7 +62,6 @@ from ._sql import (
     holding,
     info_of,
     listing_of,
-    lost,
     redact,
     refuse_newer,
     schema_version,
@@ -274,7 +276,7 @@ class PostgresStore(Store):
 
     def append(self, run_id: str, entries: Sequence[j.Entry], *, expected_seq: int, writer: str,
                lease_token: int | None, info: dict[str, Any]) -> None:  # fmt: skip
-        if entries:
+        if entries:  # the fence below assumes n == expected_seq (a new append); plan_append rules otherwise
             base.check_batch(run_id, entries, expected_seq)
         listing, consumed = listing_of(info), int(info.get("inbox_consumed", -1))
 
@@ -292,8 +294,7 @@ class PostgresStore(Store):
                     if not new:
                         return []
                 else:
-                    raise ConflictError(f"run {run_id}: the journal kept changing under this append. Fix: "
-                                        "store.load(id) again", run_id=run_id)  # fmt: skip
+                    raise kept_changing_error(run_id)
                 if fp.ACTIVE and fp.hits("before_append", new):
                     fp.die()  # inside the transaction: the server rolls it back
                 self._insert(conn, run_id, new)
@@ -310,18 +311,16 @@ class PostgresStore(Store):
         """Why the fence matched no row: raise, or return where to write and what is not stored yet."""
         n, current, live = self._row(conn, run_id, f"length, lease_token, {LIVE}")
         if token != current or not live:
-            raise lost(run_id, token, current)
-        if expected_seq > n and entries:
-            raise ConflictError(f"run {run_id}: append at seq {expected_seq} leaves a gap after {n} entries. "
-                                "Fix: store.load(id) again", run_id=run_id, seq=n)  # fmt: skip
-        k = max(0, min(len(entries), n - expected_seq))
-        stored = conn.execute("SELECT seq, body FROM entries WHERE run_id = %s AND seq >= %s AND seq < %s "
-                              "ORDER BY seq", (run_id, expected_seq, expected_seq + k)).fetchall()  # fmt: skip
-        for (seq, body), entry in zip(stored, entries, strict=False):
-            obj = orjson.loads(body)
-            if obj.get("w") != entry.w or obj.get("h") != entry.h:
-                raise self.conflict(run_id, seq, j.decode_entry(bytes(body), run_id))
-        return n, builtins.list(entries[k:])
+            raise lease_lost_error(run_id, token, current)
+        stored = functools.partial(self._stored, conn, run_id)
+        return n, plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
+
+    @staticmethod
+    def _stored(conn: Conn, run_id: str, first: int, end: int) -> builtins.list[Stored]:
+        """The stored entries ``first <= seq < end`` of a retried append, read in the append's transaction."""
+        rows = conn.execute("SELECT body FROM entries WHERE run_id = %s AND seq >= %s AND seq < %s ORDER BY seq",
+                            (run_id, first, end)).fetchall()  # fmt: skip
+        return [stored_body(run_id, bytes(body)) for (body,) in rows]
 
     def read(self, run_id: str, after_seq: int = -1) -> builtins.list[j.Entry]:
         after_seq = max(after_seq, -1)
@@ -444,7 +443,7 @@ class PostgresStore(Store):
                                (lease.ttl if lease.ttl is not None else self.ttl, lease.run_id, lease.token)
                                ).fetchone()  # fmt: skip
             if row is None:
-                raise lost(lease.run_id, lease.token, None)
+                raise lease_lost_error(lease.run_id, lease.token)
             return Lease(lease.run_id, lease.token, lease.owner, row[0], lease.ttl)
 
         return self._run(attempt, retry_for=(lease.ttl or self.ttl or 30.0) / 4)  # the renewer tries again

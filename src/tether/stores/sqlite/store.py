@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -40,10 +41,12 @@ from typing import Any
 import orjson
 
 from ... import journal as j
-from ...errors import ConflictError, CorruptJournalError, LeaseLostError, RunNotFoundError, TetherError
+from ...errors import CorruptJournalError, RunNotFoundError, TetherError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .._listing import ListQuery
+from .._planner import Stored, plan_append, stored_body
+from .._records import lease_lost_error
 from ..base import (
     Lease,
     Owner,
@@ -92,6 +95,12 @@ def _all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list
 
 def _one(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
     return next(iter(_all(conn, sql, params)), None)
+
+
+def _stored(conn: sqlite3.Connection, run_id: str, first: int, end: int) -> list[Stored]:
+    """The stored entries ``first <= seq < end`` of a retried append, read in the append's transaction."""
+    sql = "SELECT body FROM entries WHERE run_id = ? AND seq >= ? AND seq < ? ORDER BY seq"
+    return [stored_body(run_id, body) for (body,) in _all(conn, sql, (run_id, first, end))]
 
 
 class SQLiteStore(Store):
@@ -270,34 +279,13 @@ class SQLiteStore(Store):
         lease_token: int | None,
         info: dict[str, Any],
     ) -> None:
-        if entries:
-            check_batch(run_id, entries, expected_seq)
         with self._write() as conn:
             now = time.time()
             n, token, owner, expires = self._row(conn, run_id, _HELD)
             if lease_token != token or not _live(owner, expires, now):
-                raise self._lost(run_id, lease_token, token)
-            if not entries:
-                return
-            if expected_seq > n:
-                raise ConflictError(
-                    f"run {run_id}: append at seq {expected_seq} leaves a gap after {n} entries. Fix: "
-                    "store.load(id) again",
-                    run_id=run_id,
-                    seq=n,
-                )
-            k = min(len(entries), n - expected_seq)
-            if k:
-                stored = _all(
-                    conn,
-                    "SELECT seq, body FROM entries WHERE run_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
-                    (run_id, expected_seq, expected_seq + k),
-                )
-                for (seq, body), entry in zip(stored, entries, strict=False):
-                    obj = orjson.loads(body)
-                    if obj.get("w") != entry.w or obj.get("h") != entry.h:
-                        raise self.conflict(run_id, seq, j.decode_entry(body, run_id))
-            new = entries[k:]
+                raise lease_lost_error(run_id, lease_token, token)
+            stored = functools.partial(_stored, conn, run_id)
+            new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
             if not new:
                 return
             if fp.ACTIVE and fp.hits("before_append", new):
@@ -311,21 +299,12 @@ class SQLiteStore(Store):
                  run_id, n, lease_token, now),
             )  # fmt: skip
             if cur.rowcount != 1:  # cannot happen under the write lock; the fence is here all the same
-                raise self._lost(run_id, lease_token, token)
+                raise lease_lost_error(run_id, lease_token, token)
             self._insert(conn, run_id, new)
             if fp.ACTIVE and fp.hits("torn_append", new):
                 fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
         if fp.ACTIVE and fp.hits("after_append", new):
             fp.die()
-
-    @staticmethod
-    def _lost(run_id: str, token: int | None, current: int | None) -> LeaseLostError:
-        now = "" if current is None else f", current {current}"
-        return LeaseLostError(
-            f"run {run_id} is no longer held by this writer (token {token}{now}; released, expired or taken "
-            "over). Fix: stop writing; claim the run again and reload it",
-            run_id=run_id,
-        )
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         after_seq = max(after_seq, -1)
@@ -439,7 +418,7 @@ class SQLiteStore(Store):
                 (expires, lease.run_id, lease.token),
             )
             if cur.rowcount != 1:
-                raise self._lost(lease.run_id, lease.token, None)
+                raise lease_lost_error(lease.run_id, lease.token)
         return renewed
 
     def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:

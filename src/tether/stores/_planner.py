@@ -1,31 +1,36 @@
-"""The selection rules of ``claim_next``, ``prune``, ``delete`` and ``fork`` over ``RunInfo`` records and entries.
+"""The one planner: what ``append``, ``claim_next``, ``prune`` and ``delete`` do, decided without I/O of its own.
 
 Stores that list in Python call the ``plan_*`` functions under their own locks; SQL stores say the same in SQL.
+Nothing here folds entries (DESIGN 8.1: stores never fold) or imports ``tether.state``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Collection, Iterable, Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import NamedTuple
+
+import orjson
 
 from .. import journal as j
-from ..errors import RunNotFoundError
-from ..state import State
+from ..errors import CorruptJournalError, RunNotFoundError
 from ._listing import listing_key
-from ._records import RunInfo
+from ._records import RunInfo, conflict_error, gap_error
 
 __all__ = [
+    "Stored",
     "check_batch",
     "check_prune_statuses",
     "delete_children_error",
     "delete_subagent_error",
-    "fork_boundary",
-    "inherited",
     "listed_child_needs_work",
+    "plan_append",
     "plan_claim_next",
     "plan_delete",
     "plan_prune",
+    "stored_body",
+    "stored_entry",
+    "stored_in",
 ]
 
 
@@ -44,6 +49,95 @@ def check_batch(run_id: str, entries: Sequence[j.Entry], first_seq: int) -> None
                 f"run {run_id}: entry {i} (seq {entry.seq}, b {entry.b}) is not part of one sealed batch from "
                 f"seq {first_seq}. Fix: write what State.next_batch() returns"
             )
+
+
+class Stored(NamedTuple):
+    """A stored entry as ``plan_append`` compares it: its ``w`` and ``h``, and how to decode it.
+
+    ``decode`` is called only to name the entry in a ConflictError, so a store need not decode to compare.
+    """
+
+    w: str
+    h: str
+    decode: Callable[[], j.Entry]
+
+
+StoredReader = Callable[[int, int], Sequence[Stored]]
+"""``stored(first, end)``: the stored entries with ``first <= seq < end``, in seq order."""
+
+
+def plan_append(
+    run_id: str,
+    entries: Sequence[j.Entry],
+    *,
+    expected_seq: int,
+    stored_length: int,
+    stored: StoredReader,
+) -> list[j.Entry]:
+    """The entries of an append the journal does not hold yet: what the store must write (DURABILITY 3).
+
+    The caller has passed the fence and holds what makes its read of the journal current (a lock, a write
+    transaction); it writes what is returned in the same step as the fence, all or nothing. With
+    n = ``stored_length`` and k = min(len(entries), n - expected_seq), the first k entries are a retried
+    append: each must have the ``w`` and ``h`` of the stored entry at its seq. ``stored`` is called once,
+    for seqs [expected_seq, expected_seq + k), and only when k > 0; a new append reads nothing.
+
+    Returns:
+        ``entries[k:]``: empty for an empty append and for a retry stored whole.
+
+    Raises:
+        ValueError: ``entries`` is not one sealed batch numbered from ``expected_seq``.
+        ConflictError: ``expected_seq > n`` (a gap), or a stored entry with another ``w`` or ``h`` (the error
+            names its seq, kind and writer).
+        CorruptJournalError: ``stored`` returned fewer than k entries.
+    """
+    if not entries:
+        return []
+    check_batch(run_id, entries, expected_seq)
+    if expected_seq > stored_length:
+        raise gap_error(run_id, expected_seq, stored_length)
+    k = min(len(entries), stored_length - expected_seq)
+    if k:
+        _check_retry(run_id, entries[:k], expected_seq, stored(expected_seq, expected_seq + k))
+    return list(entries[k:])
+
+
+def _check_retry(run_id: str, head: Sequence[j.Entry], first: int, found: Sequence[Stored]) -> None:
+    """Refuse a retried head whose entries are not the stored ones (same ``w`` and ``h``)."""
+    if len(found) != len(head):
+        raise CorruptJournalError(
+            run_id, first + len(found), "the entry is missing (the run's length counts it)"
+        )
+    for i, (entry, old) in enumerate(zip(head, found, strict=True)):
+        if old.w != entry.w or old.h != entry.h:
+            raise conflict_error(run_id, first + i, old.decode())
+
+
+def stored_entry(entry: j.Entry) -> Stored:
+    """A decoded stored entry, for ``plan_append``."""
+    return Stored(entry.w, entry.h, lambda: entry)
+
+
+def stored_in(entries: Sequence[j.Entry]) -> StoredReader:
+    """A ``stored`` reader over a whole journal held decoded, indexed by seq (MemoryStore)."""
+    return lambda first, end: [stored_entry(entry) for entry in entries[first:end]]
+
+
+def stored_body(run_id: str, body: bytes) -> Stored:
+    """An encoded stored entry (``encode_entry``'s bytes, as SQL stores keep it), for ``plan_append``.
+
+    Only ``w`` and ``h`` are read; a body that is not a JSON object compares unequal and decodes to the
+    CorruptJournalError it is.
+    """
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict):
+        return Stored("", "", functools.partial(j.decode_entry, body, run_id))
+    return Stored(
+        str(obj.get("w") or ""), str(obj.get("h") or ""), functools.partial(j.decode_entry, obj, run_id)
+    )
 
 
 def _tree_children(infos: Iterable[RunInfo]) -> dict[str, list[RunInfo]]:
@@ -173,38 +267,3 @@ def delete_children_error(run_id: str, count: int) -> ValueError:
         f"run {run_id} has {count} subagent run{'s' if count > 1 else ''}. Fix: pass children=True to "
         f"delete them with it (tether rm {run_id} --children)"
     )
-
-
-_BOUNDARY_KINDS = frozenset(
-    {"run_started", "message", "model_replied", "tool_finished", "compacted", "run_stopped"}
-)
-
-
-def fork_boundary(entries: Sequence[j.Entry], at_seq: int) -> int:
-    """The last seq at or before ``at_seq`` that ends a turn (see ``Store.fork``).
-
-    That is a ``run_started``, ``message``, ``model_replied``, ``tool_finished``, ``compacted`` or
-    ``run_stopped`` entry after which no call is open.
-    """
-    state = State(id="fork")
-    boundary = 0
-    for entry in entries[: at_seq + 1]:
-        state.apply(entry)
-        if entry.kind in _BOUNDARY_KINDS and not state.open_calls:
-            boundary = entry.seq
-    return boundary
-
-
-_INBOX_FIELDS = {"inbox_seq": None, "item_id": None}
-
-
-def inherited(entry: j.Entry) -> j.Entry:
-    """A source entry as a fork keeps it: unsealed, and no longer tied to the source's inbox."""
-    changes: dict[str, Any] = {"w": "", "h": "", "b": 0}
-    if isinstance(entry, j.InboxSkipped):
-        changes.update(inbox_seq=-1, item_id=None)
-    else:
-        for name, value in _INBOX_FIELDS.items():
-            if hasattr(entry, name):
-                changes[name] = value
-    return dataclasses.replace(entry, **changes)

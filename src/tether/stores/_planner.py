@@ -35,7 +35,7 @@ __all__ = [
 
 
 def check_batch(run_id: str, entries: Sequence[j.Entry], first_seq: int) -> None:
-    """Refuse what is not one sealed batch numbered from ``first_seq`` (what ``State.next_batch()`` returns).
+    """Refuse what is not one sealed batch numbered from ``first_seq`` (what ``JournalWriter.next_batch()`` returns).
 
     Raises:
         ValueError: no entries, a seq out of order, a countdown ``b`` that does not end at 0, or no ``w``/``h``.
@@ -47,7 +47,7 @@ def check_batch(run_id: str, entries: Sequence[j.Entry], first_seq: int) -> None
         if entry.seq != first_seq + i or entry.b != last - i or not entry.h or not entry.w:
             raise ValueError(
                 f"run {run_id}: entry {i} (seq {entry.seq}, b {entry.b}) is not part of one sealed batch from "
-                f"seq {first_seq}. Fix: write what State.next_batch() returns"
+                f"seq {first_seq}. Fix: write what JournalWriter.next_batch() returns"
             )
 
 

@@ -1,7 +1,7 @@
 """FileStore's low-level helpers: private files, flock leases, byte I/O and writing appends.
 
 Nothing here knows about a store: these functions see one file (or its bytes) at a time. Reading a
-file's tail is ``_filetail``'s job.
+file's tail is ``_tail``'s job.
 """
 
 from __future__ import annotations

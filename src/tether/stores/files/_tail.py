@@ -1,7 +1,7 @@
 """FileStore's reading of a file's tail: parsing journal and inbox lines, and the cached tail state.
 
 Nothing here knows about a store: these functions see one file (or its bytes) at a time, through the byte
-I/O of ``_filelock``. The journal format they parse is described in ``files.py``.
+I/O of ``_lock``. The journal format they parse is described in ``store.py``.
 """
 
 from __future__ import annotations

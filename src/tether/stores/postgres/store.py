@@ -13,7 +13,7 @@ id); ``wait_for_work`` listens on a dedicated connection. ``updated_at`` is kept
 A lost connection (a restarted server, a killed backend, an idle connection dropped) is retried on a new
 one for up to ``retry_timeout`` seconds, each retry settling an unknown outcome: appends by the same-writer
 rule, posts by ``item_id``, claims and creates by finding their own lease or entries. psycopg 3 and
-psycopg_pool are imported only here and in ``_pgsql`` (schema, SQL, helpers): ``pip install tether[postgres]``.
+psycopg_pool are imported only here and in ``_sql`` (schema, SQL, helpers): ``pip install tether[postgres]``.
 """
 
 from __future__ import annotations

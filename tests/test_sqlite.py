@@ -23,7 +23,6 @@ import pytest
 from _store_runs import _append, _batch, _first, _info, _make
 from tether import journal as j
 from tether.errors import (
-    ConflictError,
     CorruptJournalError,
     LeaseLostError,
     RunBusyError,
@@ -140,15 +139,6 @@ def test_a_file_that_is_not_a_database_is_refused_clearly(tmp_path: Path) -> Non
         SQLiteStore(tmp_path / "folder.db")
 
 
-def test_existing_id_is_refused(db: SQLiteStore) -> None:
-    _make(db, "r1")
-    with pytest.raises(ValueError, match=r"run r1 already exists. Fix: store.load\('r1'\)"):
-        _make(db, "r1")
-    assert db.length("r1") == 2
-    with pytest.raises(ValueError, match="not valid"):
-        _make(db, "../x")
-
-
 def test_a_damaged_entry_is_corruption(db: SQLiteStore) -> None:
     _make(db, "r1")
     conn = db._conn()
@@ -231,57 +221,8 @@ def test_a_dead_holder_on_this_host_does_not_block_a_take(db: SQLiteStore) -> No
     assert db.claim("r1", Owner.here()).token == 2
 
 
-def test_retried_append_is_skipped_other_writer_conflicts_gap_refused(db: SQLiteStore) -> None:
-    writer, lease = _make(db, "r1", held=True)
-    assert lease is not None
-    batch = _batch(2, 2, writer)
-    _append(db, "r1", lease, batch)
-    _append(db, "r1", lease, batch)  # a retry whose COMMIT had landed: nothing written
-    assert db.length("r1") == 4
-    longer = j.seal([*batch, j.MessageAdded(seq=4, at=j.now_iso())], writer)
-    with pytest.raises(ConflictError):  # resealed: the b countdown (and so h) differ from what is stored
-        _append(db, "r1", lease, longer)
-    _append(db, "r1", lease, _batch(4, 1, writer))
-    assert [e.seq for e in db.read("r1")] == [0, 1, 2, 3, 4]
-    intruder = _batch(3, 2, j.new_writer_id())
-    with pytest.raises(ConflictError, match="seq 3 holds a message entry from writer") as caught:
-        _append(db, "r1", lease, intruder)
-    assert not isinstance(caught.value, LeaseLostError) and caught.value.seq == 3
-    with pytest.raises(ConflictError, match="gap"):
-        _append(db, "r1", lease, _batch(7, 1, writer))
-    with pytest.raises(ValueError, match="sealed batch"):
-        db.append("r1", _batch(5, 1, writer), expected_seq=6, writer=writer, lease_token=1, info=_info("r1"))
-    assert db.length("r1") == 5
-
-
 # --------------------------------------------------------------------------------------------------
 # The inbox
-
-
-def _post_many(path: str, count: int, tag: str) -> list[int]:
-    store = SQLiteStore(path)
-    seqs = [
-        store.post("r1", {"type": "message", "role": "user", "content": []}, item_id=f"{tag}-{i}")
-        for i in range(count)
-    ]
-    store.close()
-    return seqs
-
-
-@pytest.mark.slow
-def test_post_numbering_is_dense_under_four_processes(db: SQLiteStore) -> None:
-    _make(db, "r1")
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(4) as pool:
-        results = pool.starmap(_post_many, [(str(db.path), 50, f"p{i}") for i in range(4)])
-    got = sorted(seq for seqs in results for seq in seqs)
-    assert got == list(range(200))
-    for seqs in results:
-        assert seqs == sorted(seqs)  # each poster's items in its own order
-    items = db.read_inbox("r1")
-    assert [item.inbox_seq for item in items] == list(range(200))
-    assert len({item.item_id for item in items}) == 200
-    assert db.inbox_length("r1") == 200
 
 
 def test_threads_share_a_store(db: SQLiteStore) -> None:
@@ -301,33 +242,6 @@ def test_threads_share_a_store(db: SQLiteStore) -> None:
     for thread in threads:
         thread.join()
     assert sorted(seqs) == list(range(100))
-
-
-def test_post_is_idempotent_by_item_id(db: SQLiteStore) -> None:
-    _make(db, "r1")
-    item = {
-        "type": "decision",
-        "call_id": "c2_0",
-        "round": 0,
-        "approved": True,
-        "seen_seq": 2,
-        "run_h": "abc",
-    }
-    assert db.post("r1", item, item_id="i1") == 0
-    assert db.post("r1", item, item_id="i1") == 0
-    assert db.post("r1", {"type": "message", "item_id": "i2"}) == 1
-    assert db.post("r1", {"type": "message", "item_id": "i2"}) == 1
-    assert db.post("r1", {"type": "cancel"}) == 2  # a fresh id
-    assert db.inbox_length("r1") == 3
-    first, *_ = db.read_inbox("r1")
-    assert (first.item_id, first.type, first.seen_seq, first.run_h) == ("i1", "decision", 2, "abc")
-    assert first.body == {"call_id": "c2_0", "round": 0, "approved": True}
-    assert [i.inbox_seq for i in db.read_inbox("r1", after_seq=0)] == [1, 2]
-    with pytest.raises(ValueError, match="type"):
-        db.post("r1", {"type": "bogus"})
-    with pytest.raises(RunNotFoundError):
-        db.post("nope", {"type": "cancel"})
-    assert db.inbox_length("r1") == 3
 
 
 def test_release_is_refused_when_the_inbox_or_the_journal_grew(db: SQLiteStore) -> None:

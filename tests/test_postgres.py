@@ -28,7 +28,6 @@ from _store_runs import _append, _batch, _first, _info, _make
 from tether import journal as j
 from tether.errors import (
     CorruptJournalError,
-    LeaseLostError,
     RunBusyError,
     RunNotFoundError,
     TetherError,
@@ -204,65 +203,6 @@ def test_nul_characters_in_listing_fields_are_kept_out_of_text_columns(db: Postg
 # Leases and the fence
 
 
-def test_a_run_created_held_is_busy_for_another_store(db: PostgresStore, dsn: str) -> None:
-    _, lease = _make(db, "r1", held=True)
-    other = PostgresStore(dsn)
-    with pytest.raises(RunBusyError, match=f"pid {os.getpid()} .*that process is alive") as caught:
-        other.claim("r1", Owner.here())
-    assert caught.value.owner["pid"] == os.getpid()
-    assert other.holder("r1") == lease.owner  # type: ignore[union-attr]
-    with pytest.raises(RunNotFoundError):
-        other.claim("nope", Owner.here())
-    other.close()
-
-
-def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced(dsn: str, db: PostgresStore) -> None:
-    old, new = PostgresStore(dsn, ttl=0.5), PostgresStore(dsn, ttl=0.5)
-    writer, lease = _make(old, "r1", held=True)
-    assert lease is not None
-    with pytest.raises(RunBusyError):
-        new.claim("r1", Owner.here())
-    time.sleep(0.7)  # expiry is judged by the server's clock
-    assert new.holder("r1") is None
-    taken = new.claim("r1", Owner.here())
-    assert taken.token == lease.token + 1
-    with pytest.raises(LeaseLostError):  # it still "holds" token 1, whatever it thinks
-        _append(old, "r1", lease, _batch(2, 1, writer))
-    with pytest.raises(LeaseLostError):  # even with entries the store already has
-        _append(old, "r1", lease, db.read("r1")[1:2])
-    with pytest.raises(LeaseLostError):
-        old.renew(lease)
-    assert old.release(lease, at_seq=2, inbox_len=0)  # nothing of ours to release
-    old.abandon(lease)  # does not touch the new holder's lease
-    assert new.holder("r1") == taken.owner
-    _append(new, "r1", taken, _batch(2, 1, taken.owner.writer))
-    assert new.length("r1") == 3
-    time.sleep(0.7)  # expired, not taken over: the holder's own append is refused too
-    with pytest.raises(LeaseLostError):
-        _append(new, "r1", taken, _batch(3, 1, taken.owner.writer))
-    old.close()
-    new.close()
-
-
-def test_renew_extends_and_release_ends_the_lease(dsn: str, db: PostgresStore) -> None:
-    store = PostgresStore(dsn, ttl=0.6)
-    writer, lease = _make(store, "r1", held=True)
-    assert lease is not None
-    for _ in range(4):
-        time.sleep(0.2)
-        renewed = store.renew(lease)
-        assert renewed.expires_at > lease.expires_at  # type: ignore[operator]
-        lease = renewed
-    _append(store, "r1", lease, _batch(2, 1, writer))  # 0.8 s after the claim, alive through renewals
-    assert store.release(lease, at_seq=3, inbox_len=0)
-    assert store.holder("r1") is None
-    with pytest.raises(LeaseLostError):
-        store.renew(lease)
-    with pytest.raises(LeaseLostError):  # released: no append without a new claim
-        _append(store, "r1", lease, _batch(3, 1, writer))
-    store.close()
-
-
 def test_a_dead_holder_on_this_host_does_not_block_a_take(db: PostgresStore) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -366,19 +306,6 @@ def test_the_same_item_id_posted_by_many_threads_at_once_is_stored_once(db: Post
     for thread in threads:
         thread.join()
     assert seqs == [0] * 6 and db.inbox_length("r1") == 1
-
-
-def test_release_is_refused_when_the_inbox_or_the_journal_grew(db: PostgresStore) -> None:
-    writer, lease = _make(db, "r1", held=True)
-    assert lease is not None
-    db.post("r1", {"type": "cancel"})
-    assert not db.release(lease, at_seq=2, inbox_len=0)
-    assert db.holder("r1") == lease.owner
-    _append(db, "r1", lease, _batch(2, 1, writer), inbox_consumed=0)
-    assert not db.release(lease, at_seq=2, inbox_len=1)  # the journal grew past what it names
-    assert db.release(lease, at_seq=3, inbox_len=1)
-    assert db.holder("r1") is None
-    assert db.list()[0].inbox_consumed == 0
 
 
 def test_posts_submitted_runs_and_releases_with_work_left_notify(db: PostgresStore, dsn: str) -> None:
@@ -509,16 +436,6 @@ def test_concurrent_claim_next_never_hands_out_one_run_twice(db: PostgresStore, 
     for thread in threads:
         thread.join()
     assert sorted(got) == [f"q{i:02d}" for i in range(40)]
-
-
-def test_claim_next_after_expiry(dsn: str, db: PostgresStore) -> None:
-    store = PostgresStore(dsn, ttl=0.3)
-    _make(store, "r1", held=True)
-    assert store.claim_next(Owner.here()) is None
-    time.sleep(0.5)
-    taken = store.claim_next(Owner.here())
-    assert taken is not None and taken.token == 2
-    store.close()
 
 
 def test_prune_rules(db: PostgresStore, dsn: str) -> None:

@@ -24,7 +24,6 @@ from _store_runs import _append, _batch, _first, _info, _make
 from tether import journal as j
 from tether.errors import (
     CorruptJournalError,
-    LeaseLostError,
     RunBusyError,
     RunNotFoundError,
     TetherError,
@@ -154,62 +153,6 @@ def test_a_damaged_entry_is_corruption(db: SQLiteStore) -> None:
 # Leases and the fence
 
 
-def test_a_run_created_held_is_busy_for_another_store(db: SQLiteStore, tmp_path: Path) -> None:
-    _, lease = _make(db, "r1", held=True)
-    other = SQLiteStore(tmp_path / "runs.db")
-    with pytest.raises(RunBusyError, match=f"pid {os.getpid()} .*that process is alive") as caught:
-        other.claim("r1", Owner.here())
-    assert caught.value.owner["pid"] == os.getpid()
-    assert other.holder("r1") == lease.owner  # type: ignore[union-attr]
-    with pytest.raises(RunNotFoundError):
-        other.claim("nope", Owner.here())
-    other.close()
-
-
-def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced(tmp_path: Path) -> None:
-    old = SQLiteStore(tmp_path / "runs.db", ttl=0.2)
-    new = SQLiteStore(tmp_path / "runs.db", ttl=0.2)
-    writer, lease = _make(old, "r1", held=True)
-    assert lease is not None
-    with pytest.raises(RunBusyError):
-        new.claim("r1", Owner.here())
-    time.sleep(0.3)
-    assert new.holder("r1") is None
-    taken = new.claim("r1", Owner.here())
-    assert taken.token == lease.token + 1
-    with pytest.raises(LeaseLostError):  # it still "holds" token 1, whatever it thinks
-        _append(old, "r1", lease, _batch(2, 1, writer))
-    with pytest.raises(LeaseLostError):
-        old.renew(lease)
-    assert old.release(lease, at_seq=2, inbox_len=0)  # nothing of ours to release
-    old.abandon(lease)  # does not touch the new holder's lease
-    assert new.holder("r1") == taken.owner
-    _append(new, "r1", taken, _batch(2, 1, taken.owner.writer))
-    assert new.length("r1") == 3
-    time.sleep(0.3)  # expired, not taken over: the holder's own append is refused too
-    with pytest.raises(LeaseLostError):
-        _append(new, "r1", taken, _batch(3, 1, taken.owner.writer))
-    old.close()
-    new.close()
-
-
-def test_renew_extends_and_release_ends_the_lease(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "runs.db", ttl=0.3)
-    writer, lease = _make(store, "r1", held=True)
-    assert lease is not None
-    for _ in range(4):
-        time.sleep(0.1)
-        lease = store.renew(lease)
-    _append(store, "r1", lease, _batch(2, 1, writer))  # 0.4 s after the claim, alive through renewals
-    assert store.release(lease, at_seq=3, inbox_len=0)
-    assert store.holder("r1") is None
-    with pytest.raises(LeaseLostError):
-        store.renew(lease)
-    with pytest.raises(LeaseLostError):  # released: no append without a new claim
-        _append(store, "r1", lease, _batch(3, 1, writer))
-    store.close()
-
-
 def test_a_dead_holder_on_this_host_does_not_block_a_take(db: SQLiteStore) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -242,19 +185,6 @@ def test_threads_share_a_store(db: SQLiteStore) -> None:
     for thread in threads:
         thread.join()
     assert sorted(seqs) == list(range(100))
-
-
-def test_release_is_refused_when_the_inbox_or_the_journal_grew(db: SQLiteStore) -> None:
-    writer, lease = _make(db, "r1", held=True)
-    assert lease is not None
-    db.post("r1", {"type": "cancel"})
-    assert not db.release(lease, at_seq=2, inbox_len=0)
-    assert db.holder("r1") == lease.owner
-    _append(db, "r1", lease, _batch(2, 1, writer), inbox_consumed=0)
-    assert not db.release(lease, at_seq=2, inbox_len=1)  # the journal grew past what it names
-    assert db.release(lease, at_seq=3, inbox_len=1)
-    assert db.holder("r1") is None
-    assert db.list()[0].inbox_consumed == 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -306,16 +236,6 @@ def test_claim_next_uses_the_partial_index(db: SQLiteStore) -> None:
         db._conn().execute(f"EXPLAIN QUERY PLAN {_NEXT} ORDER BY updated_at, id LIMIT 1", (1, 1)).fetchall()
     )
     assert "USING INDEX runs_work" in plan and "TEMP B-TREE" not in plan
-
-
-def test_claim_next_after_expiry(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "runs.db", ttl=0.2)
-    _make(store, "r1", held=True)
-    assert store.claim_next(Owner.here()) is None
-    time.sleep(0.3)
-    taken = store.claim_next(Owner.here())
-    assert taken is not None and taken.token == 2
-    store.close()
 
 
 def test_prune_rules(db: SQLiteStore) -> None:

@@ -144,9 +144,8 @@ class LeaseCases(ConformanceBase):
             renewed = store.renew(lease)
             assert renewed.expires_at > lease.expires_at  # type: ignore[operator]
             lease = renewed
-        append_sealed(
-            store, "r1", lease, messages(2, 1, writer)
-        )  # 0.5 s after the claim, alive through renewals
+        # 0.5 s after the claim: alive through renewals
+        append_sealed(store, "r1", lease, messages(2, 1, writer))
         assert store.release(lease, at_seq=3, inbox_len=0)
         assert store.holder("r1") is None
         with pytest.raises(LeaseLostError):
@@ -176,9 +175,8 @@ class LeaseCases(ConformanceBase):
         assert other.holder("r1") == taken.owner
         append_sealed(other, "r1", taken, messages(2, 1, taken.owner.writer))
         assert other.length("r1") == 3
-        _wait_until(
-            lambda: other.holder("r1") is None
-        )  # expired, not taken over: its own append is refused too
+        # expired, not taken over: the holder's own append is refused too
+        _wait_until(lambda: other.holder("r1") is None)
         with pytest.raises(LeaseLostError):
             append_sealed(other, "r1", taken, messages(3, 1, taken.owner.writer))
 

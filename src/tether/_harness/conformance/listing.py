@@ -68,7 +68,8 @@ class ListingCases(ConformanceBase):
         assert [i.id for i in store.list(parent_id="a1")] == ["a3"]
         assert [i.id for i in store.list(root_id="a1")] == ["a3", "a1"]
         assert store.list()[2].display_status == "running (no owner)"
-        assert [i.id for i in store.list(updated_before=timedelta(seconds=15))] == ["a2", "a1"]
+        since = timedelta(seconds=15)  # as_cutoff takes a timedelta too, though list's annotation says not
+        assert [i.id for i in store.list(updated_before=since)] == ["a2", "a1"]  # type: ignore[arg-type]
         mid = datetime.now(UTC) - timedelta(seconds=25)
         assert [i.id for i in store.list(updated_after=mid)] == ["a3", "a2"]
         assert [i.id for i in store.list(updated_after=mid.isoformat(), updated_before=datetime.now(UTC) - timedelta(seconds=15))] == ["a2"]  # fmt: skip

@@ -1,19 +1,15 @@
-"""PostgresStore against a real server: the append, inbox and lease rules (DURABILITY 2-4), connection loss,
-LISTEN/NOTIFY, with real processes. One fresh schema per module; skipped without a server, failed when
+"""PostgresStore against a real server: what only PostgreSQL does (identity, schema and migrations, connection
+loss and the pool, LISTEN/NOTIFY, index use), and the conformance suite. The rules it shares with SQLiteStore
+are in ``test_sql_stores.py``. One fresh schema per module; skipped without a server, failed when
 ``TETHER_REQUIRE_POSTGRES=1``."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import signal
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +23,6 @@ import tether.testing
 from _store_runs import _append, _batch, _first, _info, _make
 from tether import journal as j
 from tether.errors import (
-    ConflictError,
-    CorruptJournalError,
-    LeaseLostError,
-    RunBusyError,
-    RunNotFoundError,
     TetherError,
 )
 from tether.stores.base import Owner
@@ -74,11 +65,6 @@ def _sql(dsn: str, sql: str, params: Any = ()) -> list[Any]:
         return cur.fetchall() if cur.description else []
 
 
-def _age(dsn: str, run_id: str, seconds: float) -> None:
-    at = (datetime.now(UTC) - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    _sql(dsn, "UPDATE runs SET updated_at = %s WHERE id = %s", (at, run_id))
-
-
 def _backends(dsn: str, app: str) -> list[int]:
     rows = _sql(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app,))
     return [row[0] for row in rows]
@@ -96,30 +82,6 @@ def _kill_backends(dsn: str, app: str) -> int:
 
 # --------------------------------------------------------------------------------------------------
 # Basics
-
-
-def test_round_trip(db: PostgresStore, dsn: str) -> None:
-    writer, lease = _make(db, "r1", held=True)
-    assert lease is not None and lease.token == 1 and lease.expires_at is not None
-    server_now = _sql(dsn, "SELECT extract(epoch FROM now())::float8")[0][0]
-    assert lease.expires_at == pytest.approx(server_now + db.ttl, abs=5)  # type: ignore[operator]
-    more = _batch(2, 3, writer)
-    _append(db, "r1", lease, more, turn=3, status="waiting")
-    read = db.read("r1")
-    assert [e.seq for e in read] == [0, 1, 2, 3, 4]
-    assert read[2:] == more
-    assert [e.seq for e in db.read("r1", after_seq=2)] == [3, 4]
-    assert db.read("r1", after_seq=4) == []
-    assert db.length("r1") == 5 and db.inbox_length("r1") == 0
-    (info,) = db.list()
-    assert (info.id, info.status, info.turn, info.agent, info.length) == ("r1", "waiting", 3, "a", 5)
-    assert info.lease_owner == f"{lease.owner.host}:{os.getpid()}"
-    assert info.lease_expires_at == pytest.approx(lease.expires_at)
-    state = db.load("r1")
-    assert len(state.history) == 5 and state.store_identity == db.identity
-    for missing in (db.read, db.length, db.inbox_length, db.read_inbox, db.holder, db.delete):
-        with pytest.raises(RunNotFoundError):
-            missing("nope")
 
 
 def test_identity_hides_the_password_and_equal_stores_compare_equal(dsn: str) -> None:
@@ -181,133 +143,10 @@ def test_unreachable_server_is_a_clear_error() -> None:
     store.close()
 
 
-def test_existing_id_is_refused(db: PostgresStore) -> None:
-    _make(db, "r1")
-    with pytest.raises(ValueError, match=r"run r1 already exists. Fix: store.load\('r1'\)"):
-        _make(db, "r1")
-    assert db.length("r1") == 2
-    with pytest.raises(ValueError, match="not valid"):
-        _make(db, "../x")
-
-
-def test_a_damaged_entry_is_corruption(db: PostgresStore, dsn: str) -> None:
-    _make(db, "r1")
-    (body,) = _sql(dsn, "SELECT body FROM entries WHERE run_id = 'r1' AND seq = 1")[0]
-    _sql(
-        dsn,
-        "UPDATE entries SET body = %s WHERE run_id = 'r1' AND seq = 1",
-        (bytes(body).replace(b"hi", b"ho"),),
-    )
-    with pytest.raises(CorruptJournalError, match="seq 1"):
-        db.read("r1")
-    with pytest.raises(CorruptJournalError, match="seq 1"):
-        db.read("r1", after_seq=0)
-
-
 def test_nul_characters_in_listing_fields_are_kept_out_of_text_columns(db: PostgresStore) -> None:
     writer = j.new_writer_id()
     db.create("r1", _first("r1", writer), _info("r1", first_message="a\x00b"))
     assert db.list()[0].first_message == "ab"
-
-
-# --------------------------------------------------------------------------------------------------
-# Leases and the fence
-
-
-def test_a_run_created_held_is_busy_for_another_store(db: PostgresStore, dsn: str) -> None:
-    _, lease = _make(db, "r1", held=True)
-    other = PostgresStore(dsn)
-    with pytest.raises(RunBusyError, match=f"pid {os.getpid()} .*that process is alive") as caught:
-        other.claim("r1", Owner.here())
-    assert caught.value.owner["pid"] == os.getpid()
-    assert other.holder("r1") == lease.owner  # type: ignore[union-attr]
-    with pytest.raises(RunNotFoundError):
-        other.claim("nope", Owner.here())
-    other.close()
-
-
-def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced(dsn: str, db: PostgresStore) -> None:
-    old, new = PostgresStore(dsn, ttl=0.5), PostgresStore(dsn, ttl=0.5)
-    writer, lease = _make(old, "r1", held=True)
-    assert lease is not None
-    with pytest.raises(RunBusyError):
-        new.claim("r1", Owner.here())
-    time.sleep(0.7)  # expiry is judged by the server's clock
-    assert new.holder("r1") is None
-    taken = new.claim("r1", Owner.here())
-    assert taken.token == lease.token + 1
-    with pytest.raises(LeaseLostError):  # it still "holds" token 1, whatever it thinks
-        _append(old, "r1", lease, _batch(2, 1, writer))
-    with pytest.raises(LeaseLostError):  # even with entries the store already has
-        _append(old, "r1", lease, db.read("r1")[1:2])
-    with pytest.raises(LeaseLostError):
-        old.renew(lease)
-    assert old.release(lease, at_seq=2, inbox_len=0)  # nothing of ours to release
-    old.abandon(lease)  # does not touch the new holder's lease
-    assert new.holder("r1") == taken.owner
-    _append(new, "r1", taken, _batch(2, 1, taken.owner.writer))
-    assert new.length("r1") == 3
-    time.sleep(0.7)  # expired, not taken over: the holder's own append is refused too
-    with pytest.raises(LeaseLostError):
-        _append(new, "r1", taken, _batch(3, 1, taken.owner.writer))
-    old.close()
-    new.close()
-
-
-def test_renew_extends_and_release_ends_the_lease(dsn: str, db: PostgresStore) -> None:
-    store = PostgresStore(dsn, ttl=0.6)
-    writer, lease = _make(store, "r1", held=True)
-    assert lease is not None
-    for _ in range(4):
-        time.sleep(0.2)
-        renewed = store.renew(lease)
-        assert renewed.expires_at > lease.expires_at  # type: ignore[operator]
-        lease = renewed
-    _append(store, "r1", lease, _batch(2, 1, writer))  # 0.8 s after the claim, alive through renewals
-    assert store.release(lease, at_seq=3, inbox_len=0)
-    assert store.holder("r1") is None
-    with pytest.raises(LeaseLostError):
-        store.renew(lease)
-    with pytest.raises(LeaseLostError):  # released: no append without a new claim
-        _append(store, "r1", lease, _batch(3, 1, writer))
-    store.close()
-
-
-def test_a_dead_holder_on_this_host_does_not_block_a_take(db: PostgresStore) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    dead = Owner(j.new_writer_id(), int(proc.stdout), Owner.here().host, j.now_iso())
-    db.create("r1", _first("r1", dead.writer), _info("r1"), owner=dead)
-    db.create("r2", _first("r2", dead.writer), _info("r2"), owner=dead)
-    assert db.holder("r1") is None
-    assert {i.id: i.lease_owner for i in db.list()} == {"r1": None, "r2": None}
-    assert db.claim("r1", Owner.here()).token == 2
-    taken = db.claim_next(Owner.here())  # claim_next takes a dead process's root too
-    assert taken is not None and (taken.run_id, taken.token) == ("r2", 2)
-
-
-def test_retried_append_is_skipped_other_writer_conflicts_gap_refused(db: PostgresStore) -> None:
-    writer, lease = _make(db, "r1", held=True)
-    assert lease is not None
-    batch = _batch(2, 2, writer)
-    _append(db, "r1", lease, batch)
-    _append(db, "r1", lease, batch)  # a retry whose COMMIT had landed: nothing written
-    assert db.length("r1") == 4
-    longer = j.seal([*batch, j.MessageAdded(seq=4, at=j.now_iso())], writer)
-    with pytest.raises(ConflictError):  # resealed: the b countdown (and so h) differ from what is stored
-        _append(db, "r1", lease, longer)
-    _append(db, "r1", lease, _batch(4, 1, writer))
-    assert [e.seq for e in db.read("r1")] == [0, 1, 2, 3, 4]
-    intruder = _batch(3, 2, j.new_writer_id())
-    with pytest.raises(ConflictError, match="seq 3 holds a message entry from writer") as caught:
-        _append(db, "r1", lease, intruder)
-    assert not isinstance(caught.value, LeaseLostError) and caught.value.seq == 3
-    with pytest.raises(ConflictError, match="gap"):
-        _append(db, "r1", lease, _batch(7, 1, writer))
-    with pytest.raises(ValueError, match="sealed batch"):
-        db.append("r1", _batch(5, 1, writer), expected_seq=6, writer=writer, lease_token=1, info=_info("r1"))
-    assert db.length("r1") == 5
 
 
 # --------------------------------------------------------------------------------------------------
@@ -384,59 +223,6 @@ def test_killed_idle_connections_and_posts_are_retried(dsn: str) -> None:
 # The inbox
 
 
-def _post_many(dsn: str, count: int, tag: str) -> list[int]:
-    store = PostgresStore(dsn)
-    seqs = [
-        store.post("r1", {"type": "message", "role": "user", "content": []}, item_id=f"{tag}-{i}")
-        for i in range(count)
-    ]
-    store.close()
-    return seqs
-
-
-@pytest.mark.slow
-def test_post_numbering_is_dense_under_four_processes(db: PostgresStore, dsn: str) -> None:
-    _make(db, "r1")
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(4) as pool:
-        results = pool.starmap(_post_many, [(dsn, 50, f"p{i}") for i in range(4)])
-    got = sorted(seq for seqs in results for seq in seqs)
-    assert got == list(range(200))
-    for seqs in results:
-        assert seqs == sorted(seqs)
-    items = db.read_inbox("r1")
-    assert [item.inbox_seq for item in items] == list(range(200))
-    assert len({item.item_id for item in items}) == 200
-    assert db.inbox_length("r1") == 200
-
-
-def test_post_is_idempotent_by_item_id(db: PostgresStore) -> None:
-    _make(db, "r1")
-    item = {
-        "type": "decision",
-        "call_id": "c2_0",
-        "round": 0,
-        "approved": True,
-        "seen_seq": 2,
-        "run_h": "abc",
-    }
-    assert db.post("r1", item, item_id="i1") == 0
-    assert db.post("r1", item, item_id="i1") == 0
-    assert db.post("r1", {"type": "message", "item_id": "i2"}) == 1
-    assert db.post("r1", {"type": "message", "item_id": "i2"}) == 1
-    assert db.post("r1", {"type": "cancel"}) == 2  # a fresh id
-    assert db.inbox_length("r1") == 3
-    first, *_ = db.read_inbox("r1")
-    assert (first.item_id, first.type, first.seen_seq, first.run_h) == ("i1", "decision", 2, "abc")
-    assert first.body == {"call_id": "c2_0", "round": 0, "approved": True}
-    assert [i.inbox_seq for i in db.read_inbox("r1", after_seq=0)] == [1, 2]
-    with pytest.raises(ValueError, match="type"):
-        db.post("r1", {"type": "bogus"})
-    with pytest.raises(RunNotFoundError):
-        db.post("nope", {"type": "cancel"})
-    assert db.inbox_length("r1") == 3
-
-
 def test_the_same_item_id_posted_by_many_threads_at_once_is_stored_once(db: PostgresStore) -> None:
     _make(db, "r1")
     seqs: list[int] = []
@@ -452,19 +238,6 @@ def test_the_same_item_id_posted_by_many_threads_at_once_is_stored_once(db: Post
     for thread in threads:
         thread.join()
     assert seqs == [0] * 6 and db.inbox_length("r1") == 1
-
-
-def test_release_is_refused_when_the_inbox_or_the_journal_grew(db: PostgresStore) -> None:
-    writer, lease = _make(db, "r1", held=True)
-    assert lease is not None
-    db.post("r1", {"type": "cancel"})
-    assert not db.release(lease, at_seq=2, inbox_len=0)
-    assert db.holder("r1") == lease.owner
-    _append(db, "r1", lease, _batch(2, 1, writer), inbox_consumed=0)
-    assert not db.release(lease, at_seq=2, inbox_len=1)  # the journal grew past what it names
-    assert db.release(lease, at_seq=3, inbox_len=1)
-    assert db.holder("r1") is None
-    assert db.list()[0].inbox_consumed == 0
 
 
 def test_posts_submitted_runs_and_releases_with_work_left_notify(db: PostgresStore, dsn: str) -> None:
@@ -510,49 +283,7 @@ def test_wait_for_work_listens_on_its_own_connection_and_wakes_on_a_post(db: Pos
 
 
 # --------------------------------------------------------------------------------------------------
-# claim_next, prune, delete
-
-
-def test_claim_next_takes_the_oldest_root_needing_work(db: PostgresStore, dsn: str) -> None:
-    _make(db, "done", status="completed")
-    _make(db, "child", parent_id="root", root_id="root")  # running, but a child: never claimed itself
-    _make(db, "held", held=True)
-    _make(db, "root", agent="b")
-    _make(db, "waiting", status="waiting", agent="c")
-    _make(db, "posted", status="completed", agent="c")
-    for run_id, age in [
-        ("done", 90),
-        ("child", 80),
-        ("held", 70),
-        ("root", 60),
-        ("waiting", 50),
-        ("posted", 40),
-    ]:
-        _age(dsn, run_id, age)
-    db.post("posted", {"type": "message"})
-    me = Owner.here()
-    assert db.claim_next(me, agents=[]) is None
-    assert db.claim_next(me, agents=["zzz"]) is None
-    first = db.claim_next(me, agents=["c", "a"])
-    assert first is not None and first.run_id == "posted"  # "root" is agent b; "waiting" has no work
-    assert first.token == 1 and db.holder("posted") == me
-    second = db.claim_next(me)
-    assert second is not None and second.run_id == "root"
-    assert db.claim_next(me) is None  # "child" is reached through its root only; "held" is held
-    assert _sql(dsn, "SELECT lease_token FROM runs WHERE id = 'child'") == [(0,)]
-    db.post("child", {"type": "message"})
-    db.abandon(second)
-    _sql(dsn, "UPDATE runs SET status = 'waiting' WHERE id = 'root'")
-    again = db.claim_next(me)  # a waiting root whose child has unconsumed items
-    assert again is not None and again.run_id == "root" and again.token == 2
-    db.abandon(again)
-    _sql(dsn, "UPDATE runs SET inbox_consumed = inbox_len - 1 WHERE id = 'child'")
-    assert db.claim_next(me) is None  # the child is consumed and still running, updated before the root
-    _sql(dsn, "UPDATE runs SET status = 'completed' WHERE id = 'child'")
-    _age(dsn, "child", 1)
-    moved = db.claim_next(me)  # the child moved on after the root was updated
-    assert moved is not None and moved.run_id == "root"
-    assert _sql(dsn, "SELECT lease_token FROM runs WHERE id = 'child'") == [(0,)]
+# claim_next
 
 
 def test_claim_next_uses_the_partial_index(db: PostgresStore, dsn: str) -> None:
@@ -595,228 +326,6 @@ def test_concurrent_claim_next_never_hands_out_one_run_twice(db: PostgresStore, 
     for thread in threads:
         thread.join()
     assert sorted(got) == [f"q{i:02d}" for i in range(40)]
-
-
-def test_claim_next_after_expiry(dsn: str, db: PostgresStore) -> None:
-    store = PostgresStore(dsn, ttl=0.3)
-    _make(store, "r1", held=True)
-    assert store.claim_next(Owner.here()) is None
-    time.sleep(0.5)
-    taken = store.claim_next(Owner.here())
-    assert taken is not None and taken.token == 2
-    store.close()
-
-
-def test_prune_rules(db: PostgresStore, dsn: str) -> None:
-    _make(db, "old-done", status="completed")
-    _make(db, "old-failed", status="failed")
-    _make(db, "old-running")
-    _make(db, "new-done", status="completed")
-    _make(db, "old-held", status="completed", held=True)
-    _make(db, "old-posted", status="completed")
-    _make(db, "tree", status="completed")
-    _make(db, "tree-kid", status="cancelled", parent_id="tree", root_id="tree")
-    _make(db, "kept", status="completed")
-    _make(db, "kept-kid", status="waiting", parent_id="kept", root_id="kept")
-    for run_id in ("old-done", "old-failed", "old-running", "old-held", "old-posted", "tree", "tree-kid",
-                   "kept", "kept-kid"):  # fmt: skip
-        _age(dsn, run_id, 7200)
-    db.post("old-posted", {"type": "message"})  # an unconsumed item may reopen it: kept
-    cutoff = datetime.now(UTC) - timedelta(hours=1)
-    assert db.prune(cutoff, dry_run=True) == ["old-done", "old-failed"]  # trees only with children=True
-    assert db.length("old-done") == 2
-    assert db.prune(timedelta(hours=1), statuses=("failed",), dry_run=True) == ["old-failed"]
-    assert db.prune(cutoff, children=True, dry_run=True) == ["old-done", "old-failed", "tree", "tree-kid"]
-    assert db.prune(cutoff.isoformat(), children=True) == ["old-done", "old-failed", "tree", "tree-kid"]
-    left = {info.id for info in db.list()}
-    assert left == {"old-running", "new-done", "old-held", "old-posted", "kept", "kept-kid"}
-    assert _sql(dsn, "SELECT count(*) FROM entries WHERE run_id = 'old-done'") == [(0,)]
-    assert _sql(dsn, "SELECT count(*) FROM inbox WHERE run_id = 'old-posted'") == [(1,)]
-    assert db.prune(cutoff, children=True) == []
-    with pytest.raises(ValueError, match="not stops"):
-        db.prune(cutoff, statuses=("running",))
-
-
-def test_delete_refuses_a_held_run_and_takes_children_only_when_asked(db: PostgresStore, dsn: str) -> None:
-    _, lease = _make(db, "r1", held=True)
-    assert lease is not None
-    db.post("r1", {"type": "cancel"})
-    with pytest.raises(RunBusyError, match="Fix: wait for it"):
-        db.delete("r1")
-    assert db.length("r1") == 2
-    db.abandon(lease)
-    db.delete("r1")
-    with pytest.raises(RunNotFoundError):
-        db.read("r1")
-    for table in ("entries", "inbox", "runs"):
-        assert _sql(dsn, f"SELECT count(*) FROM {table}") == [(0,)]
-    _make(db, "r1")  # the id is free again
-    assert db.inbox_length("r1") == 0
-    _make(db, "p", status="completed")
-    _make(db, "p-kid", status="completed", parent_id="p", root_id="p")
-    _, held = _make(db, "p-kid2", held=True, status="running", parent_id="p-kid", root_id="p")
-    with pytest.raises(ValueError, match="subagent of p"):
-        db.delete("p-kid")
-    with pytest.raises(ValueError, match="children=True"):
-        db.delete("p")
-    with pytest.raises(RunBusyError):
-        db.delete("p", children=True)
-    assert {i.id for i in db.list(root_id="p")} == {"p", "p-kid", "p-kid2"}
-    assert held is not None
-    db.abandon(held)
-    db.delete("p", children=True)
-    assert {i.id for i in db.list()} == {"r1"}
-
-
-# --------------------------------------------------------------------------------------------------
-# Listing
-
-
-def test_list_filters_order_and_cursor(db: PostgresStore, dsn: str) -> None:
-    _make(db, "a1", agent="x")
-    _make(db, "a2", agent="y", status="completed")
-    _make(db, "a3", agent="x", parent_id="a1", root_id="a1")
-    for run_id, age in [("a1", 30), ("a2", 20), ("a3", 10)]:
-        _age(dsn, run_id, age)
-    assert [i.id for i in db.list()] == ["a3", "a2", "a1"]
-    assert [i.id for i in db.list(limit=2)] == ["a3", "a2"]
-    assert [i.id for i in db.list(agent="x")] == ["a3", "a1"]
-    assert [i.id for i in db.list(status="completed")] == ["a2"]
-    assert [i.id for i in db.list(parent_id="a1")] == ["a3"]
-    assert [i.id for i in db.list(root_id="a1")] == ["a3", "a1"]
-    assert db.list()[2].display_status == "running (no owner)"
-    assert [i.id for i in db.list(updated_before=timedelta(seconds=15))] == ["a2", "a1"]
-    mid = datetime.now(UTC) - timedelta(seconds=25)
-    assert [i.id for i in db.list(updated_after=mid)] == ["a3", "a2"]
-    assert [i.id for i in db.list(updated_after=mid.isoformat(), updated_before=datetime.now(UTC) - timedelta(seconds=15))] == ["a2"]  # fmt: skip
-    page, cursor = db.list_page(limit=2)
-    assert [i.id for i in page] == ["a3", "a2"] and cursor is not None
-    _make(db, "a4")  # added while paging: listed in a later page, nothing skipped
-    seen = [i.id for i in page]
-    while cursor is not None:
-        page, cursor = db.list_page(limit=2, cursor=cursor)
-        seen += [i.id for i in page]
-    assert seen[:3] == ["a3", "a2", "a1"] and set(seen) == {"a1", "a2", "a3", "a4"}
-    with pytest.raises(ValueError, match="cursor"):
-        db.list(cursor="garbage!")
-
-
-# --------------------------------------------------------------------------------------------------
-# Processes, and an agent on PostgreSQL
-
-
-def _append_for(dsn: str, run_id: str, seconds: float) -> int:
-    store = PostgresStore(dsn)
-    writer, lease = _make(store, run_id, held=True)
-    assert lease is not None
-    seq = 2
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        count = 1 + seq % 3
-        _append(store, run_id, lease, _batch(seq, count, writer, text=f"{run_id}-{seq}"))
-        seq += count
-    assert store.release(lease, at_seq=seq, inbox_len=0)
-    store.close()
-    return seq
-
-
-def _post_and_settle(dsn: str, worker: int, count: int) -> None:
-    store = PostgresStore(dsn)
-    for i in range(count):
-        text = [{"type": "text", "text": f"{worker}-{i}"}]
-        store.post("r1", {"type": "message", "role": "user", "content": text}, item_id=f"{worker}-{i}")
-        store.settle("r1")  # DURABILITY 2.1: try once more to take the run after posting
-    store.close()
-
-
-@pytest.mark.slow
-def test_processes_append_and_post_at_once(db: PostgresStore, dsn: str) -> None:
-    _make(db, "r1")
-    ctx = multiprocessing.get_context("spawn")
-    posters = [ctx.Process(target=_post_and_settle, args=(dsn, w, 25)) for w in range(4)]
-    for proc in posters:
-        proc.start()
-    with ctx.Pool(3) as pool:
-        lengths = pool.starmap(_append_for, [(dsn, f"w{i}", 2.0) for i in range(3)])
-    for proc in posters:
-        proc.join(120)
-        assert proc.exitcode == 0
-    for i, length in enumerate(lengths):
-        entries = db.read(f"w{i}")
-        assert len(entries) == length == db.length(f"w{i}") > 10
-        assert all(e.content[0]["text"].startswith(f"w{i}-") for e in entries[2:])  # type: ignore[attr-defined]
-    state = db.load("r1")
-    journaled = [
-        e.inbox_seq for e in state.history if isinstance(e, j.MessageAdded) and e.inbox_seq is not None
-    ]
-    assert journaled == list(range(100))  # each item once, in inbox order, none left behind
-    assert db.holder("r1") is None and db.list(root_id="r1")[0].inbox_consumed == 99
-
-
-AGENT_SCRIPT = textwrap.dedent(
-    '''
-    import os, sys
-    from tether import Agent, tool
-    from tether.stores.postgres import PostgresStore
-    from tether.testing import ExecutionLog, ScriptedModel, call
-
-    LOG = ExecutionLog(os.environ["EXEC_LOG"])
-
-
-    @tool(effect="unsafe")
-    def charge(amount: int) -> str:
-        """Charge a card.
-
-        Args:
-            amount: how much.
-        """
-        LOG.record(tool="charge", amount=amount)
-        return f"charged {amount}"
-
-
-    agent = Agent(
-        ScriptedModel([call("charge", amount=5), "Charged 5."]),
-        name="biller",
-        tools=[charge],
-        store=PostgresStore(sys.argv[1]),
-    )
-    state = agent.run("Charge 5", id="bill-1") if sys.argv[2] == "run" else agent.resume("bill-1")
-    print("STATUS", state.status, state.answer)
-    '''
-)
-
-
-def _script(
-    tmp_path: Path, dsn: str, mode: str, failpoint: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "biller.py"
-    script.write_text(AGENT_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k != "TETHER_FAILPOINT"}
-    env["EXEC_LOG"] = str(tmp_path / "executions.log")
-    if failpoint:
-        env["TETHER_FAILPOINT"] = failpoint
-    return subprocess.run(
-        [sys.executable, str(script), dsn, mode], env=env, capture_output=True, text=True, timeout=60
-    )
-
-
-@pytest.mark.crash
-@pytest.mark.parametrize("point", ["after_append", "torn_append", "before_append"])
-def test_killed_at_an_append_then_resumed_runs_the_unsafe_tool_at_most_once(
-    tmp_path: Path, db: PostgresStore, dsn: str, point: str
-) -> None:
-    from tether.testing import ExecutionLog
-
-    crashed = _script(tmp_path, dsn, "run", f"{point}:tool_finished")
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    kinds = [e.kind for e in db.read("bill-1")]
-    assert kinds[-1] == ("tool_finished" if point == "after_append" else "tool_started")
-    resumed = _script(tmp_path, dsn, "resume")  # at once: the dead holder's lease does not block
-    assert resumed.returncode == 0, resumed.stderr
-    assert "STATUS completed" in resumed.stdout
-    assert ExecutionLog(tmp_path / "executions.log").count(tool="charge") == 1
-    finished = [e for e in db.read("bill-1") if e.kind == "tool_finished"]
-    assert [e.outcome for e in finished] == (["done"] if point == "after_append" else ["aborted"])  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------------------------------

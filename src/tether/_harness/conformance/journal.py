@@ -20,9 +20,13 @@ from .support import (
     _post_items,
     _token,
     add,
+    append_sealed,
     journal_inbox,
     make_run,
+    make_sealed,
     message,
+    messages,
+    record,
     started,
     writer_of,
 )
@@ -56,10 +60,12 @@ class JournalCases(ConformanceBase):
         state, _ = make_run(store, "r1")
         store.post("r1", message("kept"))
         for held in (False, True):
-            with pytest.raises(ValueError, match="already exists"):
+            with pytest.raises(ValueError, match=r"run r1 already exists. Fix: store.load\('r1'\)"):
                 make_run(store, "r1", held=held)
+        with pytest.raises(ValueError, match=r"run r1 already exists. Fix: store.load\('r1'\)"):
+            make_sealed(store, "r1")  # made by hand, as the primitives' callers do
         assert store.read("r1") == state.history and store.inbox_length("r1") == 1
-        assert store.holder("r1") is None
+        assert store.length("r1") == 2 and store.holder("r1") is None
 
     def test_create_refuses_invalid_ids(self, store: Store) -> None:
         for run_id in ("../x", "", "a/b", "x" * 129, "a b"):
@@ -132,6 +138,31 @@ class JournalCases(ConformanceBase):
                          info=state.info())  # fmt: skip
         assert store.length("r1") == 2
 
+    def test_a_retry_is_skipped_and_other_content_another_writer_and_a_gap_are_refused(
+        self, store: Store
+    ) -> None:
+        writer, lease = make_sealed(store, "r1", held=True)
+        assert lease is not None
+        batch = messages(2, 2, writer)
+        append_sealed(store, "r1", lease, batch)
+        append_sealed(store, "r1", lease, batch)  # a retry whose write had landed: nothing written
+        assert store.length("r1") == 4
+        longer = j.seal([*batch, j.MessageAdded(seq=4, at=j.now_iso())], writer)
+        with pytest.raises(ConflictError):  # resealed: the b countdown (and so h) differ from what is stored
+            append_sealed(store, "r1", lease, longer)
+        append_sealed(store, "r1", lease, messages(4, 1, writer))
+        assert [e.seq for e in store.read("r1")] == [0, 1, 2, 3, 4]
+        intruder = messages(3, 2, j.new_writer_id())
+        with pytest.raises(ConflictError, match="seq 3 holds a message entry from writer") as caught:
+            append_sealed(store, "r1", lease, intruder)
+        assert not isinstance(caught.value, LeaseLostError) and caught.value.seq == 3
+        with pytest.raises(ConflictError, match="gap"):
+            append_sealed(store, "r1", lease, messages(7, 1, writer))
+        with pytest.raises(ValueError, match="sealed batch"):
+            store.append("r1", messages(5, 1, writer), expected_seq=6, writer=writer, lease_token=lease.token,
+                         info=record("r1"))  # fmt: skip
+        assert store.length("r1") == 5
+
     def test_missing_runs(self, store: Store) -> None:
         for call in (
             lambda: store.read("nope"),
@@ -165,6 +196,47 @@ class JournalCases(ConformanceBase):
         with pytest.raises(ValueError, match="type"):
             store.post("r1", {"type": "bogus"})
         assert store.inbox_length("r1") == 4
+
+    def test_a_post_is_idempotent_by_item_id_and_keeps_seen_seq_and_run_h(self, store: Store) -> None:
+        make_sealed(store, "r1")
+        item = {
+            "type": "decision",
+            "call_id": "c2_0",
+            "round": 0,
+            "approved": True,
+            "seen_seq": 2,
+            "run_h": "abc",
+        }
+        assert store.post("r1", item, item_id="i1") == 0
+        assert store.post("r1", item, item_id="i1") == 0
+        assert store.post("r1", {"type": "message", "item_id": "i2"}) == 1
+        assert store.post("r1", {"type": "message", "item_id": "i2"}) == 1
+        assert store.post("r1", {"type": "cancel"}) == 2  # a fresh id
+        assert store.inbox_length("r1") == 3
+        first, *_ = store.read_inbox("r1")
+        assert (first.item_id, first.type, first.seen_seq, first.run_h) == ("i1", "decision", 2, "abc")
+        assert first.body == {"call_id": "c2_0", "round": 0, "approved": True}
+        assert [i.inbox_seq for i in store.read_inbox("r1", after_seq=0)] == [1, 2]
+        with pytest.raises(ValueError, match="type"):
+            store.post("r1", {"type": "bogus"})
+        with pytest.raises(RunNotFoundError):
+            store.post("nope", {"type": "cancel"})
+        assert store.inbox_length("r1") == 3
+
+    def test_post_numbering_is_dense_under_four_processes(self, store: Store, tmp_path: Path) -> None:
+        self.needs_processes()
+        make_sealed(store, "r1")
+        url = self.store_url(tmp_path)
+        with _SPAWN.Pool(4) as pool:
+            results = pool.starmap(_post_items, [(url, "r1", f"p{i}", 50, False) for i in range(4)])
+        got = sorted(seq for seqs in results for seq in seqs)
+        assert got == list(range(200))
+        for seqs in results:
+            assert seqs == sorted(seqs)  # each poster's items in its own order
+        items = store.read_inbox("r1")
+        assert [item.inbox_seq for item in items] == list(range(200))
+        assert len({item.item_id for item in items}) == 200
+        assert store.inbox_length("r1") == 200
 
     def test_inbox_posts_from_many_processes_while_the_holder_appends(
         self, store: Store, tmp_path: Path

@@ -5,6 +5,7 @@ A part of ``tether.testing.StoreConformance`` (see ``tether._harness.conformance
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ... import journal as j
-from ...errors import LeaseLostError, RunBusyError
+from ...errors import LeaseLostError, RunBusyError, RunNotFoundError
 from ...stores.base import Lease, Owner, Store
 from .support import (
     _SPAWN,
@@ -23,9 +24,12 @@ from .support import (
     _wait_until,
     add,
     ago,
+    append_sealed,
     journal_inbox,
     make_run,
+    make_sealed,
     message,
+    messages,
     writer_of,
 )
 
@@ -37,6 +41,16 @@ class LeaseCases(ConformanceBase):
 
     # ----------------------------------------------------------------------------------------------
     # leases
+
+    def test_a_run_created_held_is_busy_for_another_store(self, store: Store, other: Store) -> None:
+        _, lease = make_sealed(store, "r1", held=True)
+        assert lease is not None
+        with pytest.raises(RunBusyError, match=f"pid {os.getpid()} .*that process is alive") as caught:
+            other.claim("r1", Owner.here())
+        assert caught.value.owner["pid"] == os.getpid()
+        assert other.holder("r1") == lease.owner
+        with pytest.raises(RunNotFoundError):
+            other.claim("nope", Owner.here())
 
     def test_a_superseded_token_is_refused(self, store: Store, other: Store) -> None:
         state, first = make_run(store, "r1", held=True)
@@ -82,6 +96,7 @@ class LeaseCases(ConformanceBase):
         assert store.release(lease, at_seq=2, inbox_len=1) is False  # the journal grew past what it names
         assert store.release(lease, at_seq=3, inbox_len=1) is True
         assert store.holder("r1") is None
+        assert store.list()[0].inbox_consumed == 0  # the consumed mark was stored with the append
         assert other.claim("r1", Owner.here()).token > lease.token
 
     def test_two_processes_claim_one_run_and_exactly_one_wins(self, store: Store, tmp_path: Path) -> None:
@@ -121,6 +136,51 @@ class LeaseCases(ConformanceBase):
         with pytest.raises(LeaseLostError):
             add(store, store.load("r1"), dead)
 
+    def test_renewals_keep_a_short_lease_alive_and_release_ends_it(self, store: Store) -> None:
+        self.needs_ttl(store)
+        writer, lease = make_sealed(store, "r1", held=True, ttl=0.4)
+        assert lease is not None
+        for _ in range(5):
+            time.sleep(0.1)
+            renewed = store.renew(lease)
+            assert renewed.expires_at > lease.expires_at  # type: ignore[operator]
+            lease = renewed
+        # 0.5 s after the claim: alive through renewals
+        append_sealed(store, "r1", lease, messages(2, 1, writer))
+        assert store.release(lease, at_seq=3, inbox_len=0)
+        assert store.holder("r1") is None
+        with pytest.raises(LeaseLostError):
+            store.renew(lease)
+        with pytest.raises(LeaseLostError):  # released: no append without a new claim
+            append_sealed(store, "r1", lease, messages(3, 1, writer))
+
+    def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced(
+        self, store: Store, other: Store
+    ) -> None:
+        self.needs_ttl(store)
+        writer, lease = make_sealed(store, "r1", held=True, ttl=0.3)
+        assert lease is not None
+        with pytest.raises(RunBusyError):
+            other.claim("r1", Owner.here(), ttl=0.3)
+        _wait_until(lambda: other.holder("r1") is None)  # expiry is judged by the store's clock
+        taken = other.claim("r1", Owner.here(), ttl=0.3)
+        assert taken.token == lease.token + 1
+        with pytest.raises(LeaseLostError):  # it still "holds" token 1, whatever it thinks
+            append_sealed(store, "r1", lease, messages(2, 1, writer))
+        with pytest.raises(LeaseLostError):  # even with entries the store already has
+            append_sealed(store, "r1", lease, other.read("r1")[1:2])
+        with pytest.raises(LeaseLostError):
+            store.renew(lease)
+        assert store.release(lease, at_seq=2, inbox_len=0)  # nothing of ours to release
+        store.abandon(lease)  # does not touch the new holder's lease
+        assert other.holder("r1") == taken.owner
+        append_sealed(other, "r1", taken, messages(2, 1, taken.owner.writer))
+        assert other.length("r1") == 3
+        # expired, not taken over: the holder's own append is refused too
+        _wait_until(lambda: other.holder("r1") is None)
+        with pytest.raises(LeaseLostError):
+            append_sealed(other, "r1", taken, messages(3, 1, taken.owner.writer))
+
     def test_lease_expiry_and_takeover(self, store: Store, other: Store) -> None:
         self.needs_ttl(store)
         state, old = make_run(store, "r1", held=True, ttl=0.3)
@@ -152,9 +212,11 @@ class LeaseCases(ConformanceBase):
         _, lease = make_run(store, "r1", held=True, ttl=0.3)
         assert lease is not None
         assert store.claim_next(Owner.here(), agents=["a"]) is None
+        assert store.claim_next(Owner.here()) is None
         _wait_until(lambda: store.holder("r1") is None)
         taken = store.claim_next(Owner.here(), ttl=30.0, agents=["a"])
         assert taken is not None and taken.run_id == "r1" and taken.token > lease.token
+        assert taken.token == 2  # created held (1), then claimed once
 
     # ----------------------------------------------------------------------------------------------
     # claim_next

@@ -20,6 +20,7 @@ from .support import (
     comparable,
     journal_inbox,
     make_run,
+    make_sealed,
     message,
     writer_of,
 )
@@ -56,6 +57,33 @@ class ListingCases(ConformanceBase):
         assert held is not None and by_id["a5"].lease_owner == f"{held.owner.host}:{held.owner.pid}"
         with pytest.raises(ValueError, match="cursor"):
             store.list(cursor="not a cursor")
+
+    def test_list_filters_order_time_bounds_and_cursor(self, store: Store) -> None:
+        make_sealed(store, "a1", agent="x", updated_at=ago(30))
+        make_sealed(store, "a2", agent="y", status="completed", updated_at=ago(20))
+        make_sealed(store, "a3", agent="x", parent_id="a1", root_id="a1", updated_at=ago(10))
+        assert [i.id for i in store.list()] == ["a3", "a2", "a1"]
+        assert [i.id for i in store.list(limit=2)] == ["a3", "a2"]
+        assert [i.id for i in store.list(agent="x")] == ["a3", "a1"]
+        assert [i.id for i in store.list(status="completed")] == ["a2"]
+        assert [i.id for i in store.list(parent_id="a1")] == ["a3"]
+        assert [i.id for i in store.list(root_id="a1")] == ["a3", "a1"]
+        assert store.list()[2].display_status == "running (no owner)"
+        since = timedelta(seconds=15)  # as_cutoff takes a timedelta too, though list's annotation says not
+        assert [i.id for i in store.list(updated_before=since)] == ["a2", "a1"]  # type: ignore[arg-type]
+        mid = datetime.now(UTC) - timedelta(seconds=25)
+        assert [i.id for i in store.list(updated_after=mid)] == ["a3", "a2"]
+        assert [i.id for i in store.list(updated_after=mid.isoformat(), updated_before=datetime.now(UTC) - timedelta(seconds=15))] == ["a2"]  # fmt: skip
+        page, cursor = store.list_page(limit=2)
+        assert [i.id for i in page] == ["a3", "a2"] and cursor is not None
+        make_sealed(store, "a4")  # added while paging: listed in a later page, nothing skipped
+        seen = [i.id for i in page]
+        while cursor is not None:
+            page, cursor = store.list_page(limit=2, cursor=cursor)
+            seen += [i.id for i in page]
+        assert seen[:3] == ["a3", "a2", "a1"] and set(seen) == {"a1", "a2", "a3", "a4"}
+        with pytest.raises(ValueError, match="cursor"):
+            store.list(cursor="garbage!")
 
     def test_keyset_pages_while_runs_are_added_and_updated(self, store: Store) -> None:
         states = {}

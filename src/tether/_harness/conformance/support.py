@@ -127,15 +127,90 @@ def message(text: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------
+# Runs made by hand: sealed entries and listing records, no State (the store primitives alone)
+
+
+def record(run_id: str, **fields: Any) -> dict[str, Any]:
+    """A listing record (``info``) for ``run_id``: a running root of agent ``a``; ``fields`` override it."""
+    info = {
+        "agent": "a",
+        "status": "running",
+        "turn": 0,
+        "created_at": j.now_iso(),
+        "updated_at": j.now_iso(),
+        "first_message": "hi",
+        "parent_id": None,
+        "root_id": run_id,
+        "inbox_consumed": -1,
+    }
+    info.update(fields)
+    return info
+
+
+def first_batch(
+    run_id: str, writer: str, parent_id: str | None = None, root_id: str | None = None
+) -> list[j.Entry]:
+    """A run's first append, sealed by ``writer``: ``run_started`` and the message "hi" (seq 0 and 1)."""
+    at = j.now_iso()
+    return j.seal(
+        [
+            j.RunStarted(seq=0, at=at, agent="a", parent_id=parent_id, root_id=root_id or run_id),
+            j.MessageAdded(seq=1, at=at, content=[{"type": "text", "text": "hi"}]),
+        ],
+        writer,
+    )
+
+
+def messages(start: int, count: int, writer: str, text: str = "x") -> list[j.Entry]:
+    """One append of ``count`` messages from seq ``start``, sealed by ``writer``."""
+    at = j.now_iso()
+    return j.seal(
+        [
+            j.MessageAdded(seq=start + i, at=at, content=[{"type": "text", "text": text}])
+            for i in range(count)
+        ],
+        writer,
+    )
+
+
+def make_sealed(
+    store: Store, run_id: str, *, held: bool = False, ttl: float | None = None, **info: Any
+) -> tuple[str, Lease | None]:
+    """Create ``run_id`` from ``first_batch`` with a new writer id (held or not); returns (writer, lease)."""
+    writer = j.new_writer_id()
+    parent, root = info.get("parent_id"), info.get("root_id")
+    lease = store.create(
+        run_id,
+        first_batch(run_id, writer, parent, root),
+        record(run_id, **info),
+        owner=Owner.here(writer) if held else None,
+        ttl=ttl,
+    )
+    return writer, lease
+
+
+def append_sealed(store: Store, run_id: str, lease: Lease, entries: list[j.Entry], **info: Any) -> None:
+    """Append ``entries`` (one sealed batch) as the holder of ``lease``; ``info`` overrides the record."""
+    store.append(
+        run_id,
+        entries,
+        expected_seq=entries[0].seq,
+        writer=entries[0].w,
+        lease_token=lease.token,
+        info=record(run_id, **info),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
 # Child processes (spawned; each opens the store from its URL)
 
 
-def _post_items(url: str, run_id: str, tag: str, count: int) -> list[int]:
+def _post_items(url: str, run_id: str, tag: str, count: int, retry: bool = True) -> list[int]:
     store = open_store(url)
     seqs = []
     for i in range(count):
         seq = store.post(run_id, message(f"{tag}-{i}"), item_id=f"{tag}-{i}")
-        if store.post(run_id, message(f"{tag}-{i}"), item_id=f"{tag}-{i}") != seq:  # a retried post
+        if retry and store.post(run_id, message(f"{tag}-{i}"), item_id=f"{tag}-{i}") != seq:  # a retried post
             raise AssertionError(f"a retried post of {tag}-{i} got another inbox_seq")
         seqs.append(seq)
     store.close()

@@ -184,21 +184,6 @@ def test_a_dead_holder_on_this_host_does_not_block_a_claim(db: Store) -> None:
     assert db.claim("r1", Owner.here()).token == 2
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        pytest.param(
-            "sqlite",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="SQLiteStore.claim_next skips a root whose lease is unexpired even when its holder died "
-                "on this host (claim takes it; PostgresStore.claim_next takes it too)",
-            ),
-        ),
-        "postgres",
-    ],
-    indirect=True,
-)
 def test_claim_next_takes_a_root_whose_holder_died_on_this_host(db: Store) -> None:
     dead = _dead_owner()
     db.create("r1", _first("r1", dead.writer), _info("r1"), owner=dead)

@@ -66,6 +66,7 @@ from ._schema import LISTED as _LISTED
 from ._schema import MIGRATIONS as _MIGRATIONS
 from ._schema import NEXT as _NEXT
 from ._schema import SCHEMA_VERSION
+from ._schema import WORK as _WORK
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -74,6 +75,14 @@ log = logging.getLogger(__name__)
 
 class _Connection(sqlite3.Connection):
     """A connection that can be weakly referenced: one of a finished thread goes with the thread."""
+
+
+_HELD_HERE = (
+    f"SELECT id, lease_owner, lease_expires_at FROM runs INDEXED BY runs_work WHERE {_WORK} AND "
+    "lease_owner IS NOT NULL AND (lease_expires_at IS NULL OR lease_expires_at > ?) AND "
+    "json_extract(lease_owner, '$.host') = ? AND (status = 'running' OR inbox_len > inbox_consumed + 1)"
+)
+"""Held roots needing work whose holder is a process of this host (parameters: now, host)."""
 
 
 def _live(owner: str | None, expires: float | None, now: float) -> bool:
@@ -393,21 +402,26 @@ class SQLiteStore(Store):
     ) -> Lease | None:
         """Claim the root of a tree that needs work (see ``Store.claim_next``), in one write transaction.
 
-        The candidates come from the partial index ``runs_work``, oldest update first. A lease counts as
-        held until it expires here (a dead holder's lease on this host is not looked into).
+        The candidates come from the partial index ``runs_work``, oldest update first. When no free root
+        needs work, a root held by a process of this host that no longer lives is taken (as ``claim``
+        would take it), so a worker restarted after a SIGKILL need not wait for the dead lease's ttl.
         """
         names = None if agents is None else list(agents)
         if names is not None and not names:
             return None
         now = time.time()
-        sql = _NEXT
-        params: list[Any] = [now, now]
-        if names is not None:
-            sql += f" AND agent IN ({', '.join('?' * len(names))})"
-            params += names
+        only, named = ("", []) if names is None else (f" AND agent IN ({', '.join('?' * len(names))})", names)
         with self._write() as conn:
-            row = _one(conn, sql + " ORDER BY updated_at, id LIMIT 1", params)
-            return None if row is None else self._take(conn, row[0], owner, ttl)
+            row = _one(conn, _NEXT + only + " ORDER BY updated_at, id LIMIT 1", [now, now, *named])
+            if row is not None:
+                return self._take(conn, row[0], owner, ttl)
+            held = _all(
+                conn, _HELD_HERE + only + " ORDER BY updated_at, id LIMIT 50", [now, owner.host, *named]
+            )
+            for run_id, raw, expires in held:
+                if _holding(raw, expires, now) is None:  # its holder is a dead process of this host
+                    return self._take(conn, run_id, owner, ttl)
+            return None
 
     def renew(self, lease: Lease) -> Lease:
         _, expires, renewed = self._lease(lease.run_id, lease.token, lease.owner, lease.ttl)

@@ -22,6 +22,7 @@ from ...errors import RunBusyError
 from ...state import State
 from ...stores import open_store
 from ...stores.base import Lease, Owner, Store
+from ...stores.operations import write_all
 from ...writing import JournalWriter
 
 _SPAWN = multiprocessing.get_context("spawn")
@@ -75,45 +76,36 @@ def make_run(
 ) -> tuple[State, Lease | None]:
     """Create a run (held or not); ``info`` overrides the listing record (status, updated_at, ...)."""
     state = started(run_id, agent=agent, parent_id=parent_id, root_id=root_id)
-    owner = Owner.here(writer_of(state).writer_id) if held else None
-    lease = store.create(
-        run_id, writer_of(state).next_batch(), {**state.info(), **info}, owner=owner, ttl=ttl
-    )
-    writer_of(state).batch_saved()
+    writer = writer_of(state)
+    owner = Owner.here(writer.writer_id) if held else None
+    lease = store.create(run_id, writer.next_batch(), {**state.info(), **info}, owner=owner, ttl=ttl)
+    writer.batch_saved()
     return state, lease
 
 
 def add(store: Store, state: State, lease: Lease | None, n: int = 1, **info: Any) -> list[j.Entry]:
-    """Append ``n`` messages as the holder of ``lease``; ``info`` overrides the listing record."""
+    """Append ``n`` messages (after what is queued) as the holder of ``lease``; ``info`` overrides the
+    listing record."""
+    writer = writer_of(state)
     for i in range(n):
-        writer_of(state).add(j.MessageAdded, role="user", content=[{"type": "text", "text": f"more {i}"}])
-    batch = writer_of(state).next_batch()
+        writer.add(j.MessageAdded, role="user", content=[{"type": "text", "text": f"more {i}"}])
+    batch = writer.next_batch()
     store.append(
         state.id,
         batch,
         expected_seq=batch[0].seq,
-        writer=writer_of(state).writer_id,
+        writer=writer.writer_id,
         lease_token=lease.token if lease else None,
         info={**state.info(), **info},
     )
-    writer_of(state).batch_saved()
+    writer.batch_saved()
     return batch
 
 
 def journal_inbox(store: Store, state: State, lease: Lease) -> int:
     """As a holder: journal every unconsumed inbox item; returns how many."""
     queued = consume(writer_of(state), store.read_inbox(state.id, after_seq=state.inbox_consumed))
-    if queued:
-        batch = writer_of(state).next_batch()
-        store.append(
-            state.id,
-            batch,
-            expected_seq=batch[0].seq,
-            writer=writer_of(state).writer_id,
-            lease_token=lease.token,
-            info=state.info(),
-        )
-        writer_of(state).batch_saved()
+    write_all(store, writer_of(state), lease)
     return len(queued)
 
 

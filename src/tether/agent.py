@@ -29,6 +29,7 @@ from .stores.base import Lease, Store
 from .stores.memory import MemoryStore
 from .tools import Tool
 from .tools import tool as make_tool
+from .tracing import InstrumentSettings, check_setting
 from .writing import JournalWriter
 
 __all__ = ["Agent", "handle_sigterm"]
@@ -66,6 +67,9 @@ class Agent:
         compact_at: compact automatically before a request once the context is estimated at this fraction
             of the model's window (the provider's last count plus an estimate of what was added since).
         context_window: the model's context window in tokens, when tether does not know it.
+        instrument: trace this agent's runs with OpenTelemetry (``tether.tracing``): True uses the global
+            tracer provider, ``InstrumentSettings(...)`` chooses the provider and whether content is
+            recorded, False never traces; None (the default) follows ``tether.instrument()``.
     """
 
     name: str
@@ -98,6 +102,7 @@ class Agent:
         output_retries: int = 2,
         compact_at: float | None = None,
         context_window: int | None = None,
+        instrument: bool | InstrumentSettings | None = None,
     ) -> None:
         self.model = resolve_model(model)
         self.instructions = instructions
@@ -167,6 +172,7 @@ class Agent:
         self.compact_at = compact_at
         self.context_window = int(window or 0)
         self._schemas = [t.schema for t in self.tools.values()]
+        self.instrument = check_setting(instrument)
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model.name!r}, tools={list(self.tools)})"

@@ -171,6 +171,7 @@ class RunStarted(Entry):
     output_type: str | None = None
     forked_from: dict[str, Any] | None = None
     submitted: bool = False
+    traceparent: str | None = None  # the run's W3C trace context (DESIGN 15); None when it was not traced
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,6 +17,7 @@ from ..permissions import Decision
 from ..state import State
 from ..stores.base import Store
 from ..tools import Tool
+from ..tracing import InstrumentSettings
 
 __all__ = ["DrivenAgent", "OnUnknown"]
 
@@ -42,6 +43,7 @@ class DrivenAgent(Protocol):
     compact_at: float | None
     context_window: int
     price: Price | None
+    instrument: bool | InstrumentSettings | None
 
     @property
     def subagents(self) -> Mapping[str, DrivenAgent]:

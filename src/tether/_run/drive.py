@@ -29,6 +29,7 @@ from .inbox import InboxWatch
 from .model_step import ModelStep
 from .recovery import check_agent, recover
 from .renewal import ACTIVE_DRIVES, Renewer
+from .spans import drive_trace
 from .subagents import Children
 from .tool_step import ToolStep
 from .writer import StartGate, Writer
@@ -66,6 +67,7 @@ class Drive:
         self.state = journal.state
         self.gate = StartGate()
         self.writer = Writer(store, lease, journal, self.gate, emit)
+        self.trace = self.writer.trace = drive_trace(agent, self.state)  # NO_TRACE unless traced
         self.inbox = InboxWatch(self.writer, agent.poll_interval, self._cancel_children)
         self.children = Children(agent, self.writer, inherited, _drive_child)
         admitted: dict[str, dict[str, Any]] = {}
@@ -97,6 +99,7 @@ class Drive:
         if lease.expires_at is not None and lease.ttl:
             self.gate.renewer = Renewer(self.store, lease, lease.ttl, lambda: self._lost(loop, task))
             self.gate.renewer.start()
+        self.trace.enter()
         try:
             await self._take_over()
             while True:
@@ -105,14 +108,17 @@ class Drive:
                     return self.state
         except BaseException as exc:
             await self._close_after(exc)
+            self.trace.end(exc)
             raise
         finally:
+            self.trace.end()
             ACTIVE_DRIVES.discard((loop, task))
             if self.gate.renewer is not None:
                 self.gate.renewer.stop_event.set()
 
     async def run_compaction(self) -> State:
         """Consume the inbox, compact, and release: ``agent.compact`` as a short-lived taker."""
+        self.trace.enter()
         try:
             await self.inbox.consume()
             await self.model.compact()
@@ -121,7 +127,10 @@ class Drive:
             return self.state
         except BaseException as exc:
             await self._close_after(exc)
+            self.trace.end(exc)
             raise
+        finally:
+            self.trace.end()
 
     def _stopped_here(self) -> bool:
         """Whether this drive wrote the ``run_stopped`` in force (a message since would have reopened it)."""

@@ -100,7 +100,7 @@ class ModelStep:
 
         if self.emit is not None and state.history and state.history[-1].kind == "model_failed":
             self.emit(Reset(request.index))
-        ask = asyncio.ensure_future(agent.model.request(request, on_text))
+        ask = self.writer.trace.chat(request).task(agent.model.request(request, on_text))
         try:
             cancelled = await self._watch_for_cancel(ask)
         except BaseException:
@@ -138,7 +138,9 @@ class ModelStep:
             ask = [*base.messages, Message.user(COMPACT_PROMPT)]
             request = ModelRequest(base.index, COMPACT_INSTRUCTIONS, ask, [], state.id)
             try:
-                reply = await agent.model.request(request, None)
+                reply = await self.writer.trace.chat(request, "compaction").task(
+                    agent.model.request(request, None)
+                )
                 break
             except Exception as exc:
                 retryable = bool(getattr(exc, "retryable", False))

@@ -45,6 +45,7 @@ def check_agent(writer: Writer, agent: DrivenAgent) -> None:
 def recover(writer: Writer, agent: DrivenAgent) -> None:
     """Close what the journal says must be closed; calls to run stay open for the loop."""
     state = writer.journal.state
+    writer.trace.recovered(state.open_calls, agent)
     for call in state.open_calls:
         tool = agent.tool(call.tool)
         record = state.call(call.call_id)

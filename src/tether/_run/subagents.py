@@ -24,6 +24,7 @@ from ..stores.operations import child_id_for
 from ..tools import Tool
 from ..writing import JournalWriter
 from .agent_spec import DrivenAgent
+from .spans import child_traceparent
 from .writer import Writer
 
 __all__ = ["ChildBusy", "ChildOutcome", "Children", "DriveChild", "child_needs_work", "subagent_tool"]
@@ -166,6 +167,7 @@ async def _create_child(
         parent_id=parent.id,
         root_id=parent.root_id or parent.id,
         parent_call_id=call_id,
+        traceparent=child_traceparent(sub),
     )
     writer.add(j.MessageAdded, role="user", content=[text_block(prompt)])
     batch = writer.next_batch()

@@ -15,6 +15,7 @@ from ..stores.base import Lease, Owner, Store
 from ..stores.operations import append_missing
 from ..writing import JournalWriter
 from .agent_spec import DrivenAgent
+from .spans import new_run_traceparent
 
 __all__ = ["check_run", "new_run", "take_existing", "take_held", "take_new", "take_state"]
 
@@ -25,8 +26,13 @@ def new_run(
     run_id: str | None,
     output: OutputSpec | None,
     writer_id: str | None = None,
+    *,
+    drive: bool = False,
 ) -> JournalWriter:
-    """A new run's first entries (``run_started`` and its messages), not written yet."""
+    """A new run's first entries (``run_started`` and its messages), not written yet.
+
+    ``drive``: this process drives the run next (its first drive's span may be the trace's root).
+    """
     output = output or agent.output
     if isinstance(prompt, State):
         messages, run_id = list(prompt.messages), prompt.id
@@ -40,6 +46,7 @@ def new_run(
         fingerprint=agent.fingerprint(),
         budgets=agent.budgets(),
         root_id=writer.state.id,
+        traceparent=new_run_traceparent(agent, drive),
     )
     for message in messages:
         writer.add(j.MessageAdded, role=message.role, content=list(message.content))
@@ -61,7 +68,7 @@ async def take_new(
     if isinstance(prompt, State):
         store.check_state(prompt)
     owner = Owner.here()
-    writer = new_run(agent, prompt, run_id, output, owner.writer)
+    writer = new_run(agent, prompt, run_id, output, owner.writer, drive=True)
     state = writer.state
     batch = writer.next_batch()
     lease = await store.run_io(

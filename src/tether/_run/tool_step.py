@@ -148,7 +148,7 @@ class ToolStep:
             effect, key, limit = record.effect, record.key, record.max_attempts or tool.max_attempts
         else:
             effect, key, limit = tool.effect, j.idempotency_key_for(state.id, call_id), tool.max_attempts
-        return self.writer.add(
+        entry = self.writer.add(
             j.ToolStarted,
             call_id=call_id,
             tool=tool.name,
@@ -156,7 +156,9 @@ class ToolStep:
             idempotency_key=key,
             attempt=record.attempt + 1,
             max_attempts=limit,
-        ).seq
+        )
+        self.writer.trace.tool_started(entry, record.args)
+        return entry.seq
 
     def _start_on_save(self, call_id: str, seq: int) -> None:
         """Have a sync tool start on its thread from the store's thread once ``tool_started`` (``seq``) is saved.
@@ -176,7 +178,7 @@ class ToolStep:
             except ToolInputError:
                 return
         ctx = ToolContext(self.state.id, call_id, record.attempt, record.key or "", tool.name)
-        job, future = sync_tool_job(tool, kwargs, ctx)
+        job, future = sync_tool_job(tool, kwargs, ctx, self.writer.trace.tool(call_id))
         self.writer.start_after_append(seq, call_id, job)
         self._prestarted[call_id] = future
 
@@ -200,16 +202,18 @@ class ToolStep:
                     outcome, content = "done", result_to_blocks(await tool_result(tool, pending))
                     break
                 ctx = ToolContext(state.id, call_id, record.attempt, record.key or "", tool.name)
+                span = self.writer.trace.tool(call_id)
                 kwargs = tool.validate(record.args if record.args is not None else {})
                 if sub is not None:
-                    child = await self.children.enter(call_id, kwargs["prompt"], sub)
+                    child = await span.run(self.children.enter(call_id, kwargs["prompt"], sub))
                     if child is None or call_id in self._cancelling:
                         return  # the child waits, or is busy elsewhere: the call stays open
                     outcome, content, usage = child
                 else:
-                    value = await call_tool(tool, kwargs, ctx)
+                    value = await call_tool(tool, kwargs, ctx, span)
                     outcome, content = "done", result_to_blocks(value)
-            except TimeoutError:
+            except TimeoutError as exc:
+                self.writer.trace.tool(call_id).error(exc)
                 effect = record.effect or tool.effect
                 limit = record.max_attempts or tool.max_attempts
                 if effect in j.RETRY_EFFECTS and record.attempt < limit and self.gate.open():
@@ -226,6 +230,7 @@ class ToolStep:
             except ToolInputError as exc:
                 outcome, content = "input_error", [_text(str(exc))]
             except Exception as exc:
+                self.writer.trace.tool(call_id).error(exc)
                 outcome, content = "error", [_text(f"{type(exc).__name__}: {exc}")]
             break
         if record.outcome is not None or not state.is_open(call_id):

@@ -597,7 +597,14 @@ class _ChatSpan(NoSpan):
                     done[attr] = value
                     metrics.tokens.record(value, {**attrs, t.GEN_AI_TOKEN_TYPE: key.split("_", 1)[0]})
             if self.trace.content:
-                message = _message(Message("assistant", tuple(reply.content)))
+                # the reply's calls by tether's ids: its model_replied is the next entry of the run
+                seq, blocks, index = len(self.trace.state.history), [], 0
+                for block in reply.content:
+                    if block.get("type") == "tool_call":
+                        block = {**block, "id": j.call_id_for(seq, index)}
+                        index += 1
+                    blocks.append(block)
+                message = _message(Message("assistant", tuple(blocks)))
                 if reply.stop_reason:
                     message["finish_reason"] = reply.stop_reason
                 done[t.GEN_AI_OUTPUT_MESSAGES] = _json([message])

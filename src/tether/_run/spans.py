@@ -235,6 +235,7 @@ class OtelTrace(NoTrace):
     __slots__ = (
         "_ctx",
         "_ended",
+        "_fragments",
         "_settings_token",
         "_token",
         "_usage_at_start",
@@ -271,6 +272,7 @@ class OtelTrace(NoTrace):
         self._settings_token: contextvars.Token[InstrumentSettings | None] | None = None
         self._usage_at_start = dict(state.usage)
         self._ended = False
+        self._fragments: dict[int, tuple[Message, bytes]] = {}  # each message's JSON, made once per drive
 
     @classmethod
     def start(cls, settings: InstrumentSettings, agent: DrivenAgent, state: State) -> NoTrace:
@@ -341,6 +343,7 @@ class OtelTrace(NoTrace):
         for attempt in list(self.tools.values()):
             attempt.close(exc)
         self.tools.clear()
+        self._fragments.clear()
         state, span = self.state, self.span
         attrs: dict[str, Any] = {t.TETHER_RUN_STATUS: state.status}
         for key, attr in _USAGE:
@@ -382,7 +385,7 @@ class OtelTrace(NoTrace):
                 attrs[t.GEN_AI_SYSTEM_INSTRUCTIONS] = _json(
                     [{"type": "text", "content": request.instructions}]
                 )
-            attrs[t.GEN_AI_INPUT_MESSAGES] = _json([_message(m) for m in request.messages])
+            attrs[t.GEN_AI_INPUT_MESSAGES] = self._messages_json(request.messages)
         span = self.tracer.start_span(
             f"{t.OP_CHAT} {self.agent.model.name}",
             context=self._ctx,
@@ -390,6 +393,17 @@ class OtelTrace(NoTrace):
             attributes=attrs,
         )
         return _ChatSpan(self, span)
+
+    def _messages_json(self, messages: Sequence[Message]) -> str:
+        """The request's messages as JSON; each message is serialized once per drive, not once per request."""
+        parts: list[bytes] = []
+        made = self._fragments
+        for message in messages:
+            known = made.get(id(message))
+            if known is None or known[0] is not message:
+                known = made[id(message)] = (message, orjson.dumps(_message(message), default=str))
+            parts.append(known[1])
+        return (b"[" + b",".join(parts) + b"]").decode()
 
     def tool_started(self, entry: j.Entry, args: Any) -> None:
         from opentelemetry import trace

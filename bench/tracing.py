@@ -108,7 +108,10 @@ class CountingTrace(spans.NoTrace):
     def enter(self) -> None:
         COUNTS["trace"] += 1
 
-    def end(self, exc: BaseException | None = None) -> None:
+    def failed(self, exc: BaseException) -> None:
+        COUNTS["trace"] += 1
+
+    def end(self) -> None:
         COUNTS["trace"] += 1
 
     def chat(self, request: Any, purpose: str | None = None) -> spans.NoSpan:

@@ -107,8 +107,8 @@ class Drive:
                 if await self._release():
                     return self.state
         except BaseException as exc:
+            self.trace.failed(exc)
             await self._close_after(exc)
-            self.trace.end(exc)
             raise
         finally:
             self.trace.end()
@@ -126,8 +126,8 @@ class Drive:
                 pass
             return self.state
         except BaseException as exc:
+            self.trace.failed(exc)
             await self._close_after(exc)
-            self.trace.end(exc)
             raise
         finally:
             self.trace.end()

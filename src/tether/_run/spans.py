@@ -83,7 +83,10 @@ class NoTrace:
     def enter(self) -> None:
         """Make the drive's span current for the drive's task (called as the drive begins)."""
 
-    def end(self, exc: BaseException | None = None) -> None:
+    def failed(self, exc: BaseException) -> None:
+        """The drive is ending with ``exc`` (its span's status, set when it ends)."""
+
+    def end(self) -> None:
         """End the drive's span (and every span still open); the first call wins."""
 
     def chat(self, request: ModelRequest, purpose: str | None = None) -> NoSpan:
@@ -235,6 +238,7 @@ class OtelTrace(NoTrace):
     __slots__ = (
         "_ctx",
         "_ended",
+        "_failure",
         "_fragments",
         "_settings_token",
         "_token",
@@ -272,6 +276,7 @@ class OtelTrace(NoTrace):
         self._settings_token: contextvars.Token[InstrumentSettings | None] | None = None
         self._usage_at_start = dict(state.usage)
         self._ended = False
+        self._failure: BaseException | None = None
         self._fragments: dict[int, tuple[Message, bytes]] = {}  # each message's JSON, made once per drive
 
     @classmethod
@@ -333,10 +338,15 @@ class OtelTrace(NoTrace):
         self._token = otel_context.attach(self._ctx)
         self._settings_token = _INHERITED.set(self.settings)
 
-    def end(self, exc: BaseException | None = None) -> None:
+    def failed(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+
+    def end(self) -> None:
         if self._ended:
             return
         self._ended = True
+        exc = self._failure
         from opentelemetry import context as otel_context
         from opentelemetry.trace import Status, StatusCode
 

@@ -298,6 +298,31 @@ def test_usage_of_a_request_and_of_a_drive(provider: TracerProvider, exporter: I
     assert drive[t.GEN_AI_USAGE_INPUT_TOKENS] == 11 and drive[t.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
 
 
+def test_the_genai_client_metrics(provider: TracerProvider) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from tether import ModelReply
+
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    reply = ModelReply([{"type": "text", "text": "ok"}], usage={"input_tokens": 7, "output_tokens": 2})
+    settings = InstrumentSettings(tracer_provider=provider, meter_provider=meters)
+    Agent(ScriptedModel([lambda request: reply]), store=MemoryStore(), instrument=settings).run("hi")
+    found: dict[str, Any] = {}
+    for resource in reader.get_metrics_data().resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found[metric.name] = metric.data.data_points
+    assert set(found) == {t.METRIC_TOKEN_USAGE, t.METRIC_OPERATION_DURATION}
+    tokens = {p.attributes[t.GEN_AI_TOKEN_TYPE]: p.sum for p in found[t.METRIC_TOKEN_USAGE]}
+    assert tokens == {"input": 7, "output": 2}
+    (duration,) = found[t.METRIC_OPERATION_DURATION]
+    assert duration.count == 1
+    assert duration.attributes[t.GEN_AI_OPERATION_NAME] == "chat"
+    meters.shutdown()
+
+
 def test_an_approval_is_two_events_on_the_drive_span(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:

@@ -19,6 +19,7 @@ import contextvars
 import functools
 import secrets
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -210,7 +211,7 @@ _PROVIDERS = {"anthropic": "anthropic", "openai": "openai", "scripted": "tether.
 class _Metrics:
     """The GenAI client metrics of one meter provider (made once per provider)."""
 
-    _made: ClassVar[dict[int, _Metrics]] = {}
+    _made: ClassVar[weakref.WeakKeyDictionary[Any, _Metrics]] = weakref.WeakKeyDictionary()
 
     def __init__(self, provider: Any) -> None:
         meter = provider.get_meter(t.INSTRUMENTATION_NAME, _version())
@@ -226,9 +227,9 @@ class _Metrics:
         from opentelemetry import metrics
 
         provider = settings.meter_provider or metrics.get_meter_provider()
-        made = cls._made.get(id(provider))
+        made = cls._made.get(provider)
         if made is None:
-            made = cls._made[id(provider)] = cls(provider)
+            made = cls._made[provider] = cls(provider)
         return made
 
 

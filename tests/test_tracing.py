@@ -651,6 +651,38 @@ def test_a_provider_that_records_nothing_costs_no_spans_and_no_traceparent() -> 
     assert traceparent(state) is None
 
 
+def test_compaction_is_a_drive_with_a_chat_span_of_its_own(
+    provider: TracerProvider, exporter: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    store = FileStore(tmp_path / "runs")
+    agent = Agent(ScriptedModel(["first answer", "the summary"]), store=store, instrument=traced(provider))
+    agent.run("hello", id="r")
+    exporter.clear()
+    agent.compact("r")
+    spans = exporter.get_finished_spans()
+    assert tree(spans) == ["invoke_agent agent", "  chat scripted"]
+    chat = one(spans, "chat scripted").attributes or {}
+    assert chat[t.TETHER_REQUEST_PURPOSE] == "compaction"
+    assert chat[t.TETHER_REQUEST_INDEX] == 1
+    store.close()
+
+
+def test_tracing_without_the_otel_extra_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith("opentelemetry") else real(name, *a),
+    )
+    with pytest.raises(ImportError, match=r"Fix: pip install 'tether\[otel\]'"):
+        Agent(ScriptedModel(["hi"]), instrument=True)
+    with pytest.raises(ImportError, match="OpenTelemetry API"):
+        tether.instrument()
+    Agent(ScriptedModel(["hi"]), instrument=False)  # needs nothing
+
+
 def test_a_bad_setting_is_refused() -> None:
     with pytest.raises(TypeError, match="Fix: pass True, False, or"):
         Agent(ScriptedModel(["hi"]), instrument="yes")  # type: ignore[arg-type]

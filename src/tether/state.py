@@ -65,7 +65,8 @@ class State:
         self._last_tokens = 0  # the provider's count of the last request's input and output
         self._chars_since = 0  # characters added since that reply
         self._typed_output: tuple[j.RunStopped, Any] | None = None
-        self._stopped_seq = -1
+        self.stopped_seq = -1
+        """The seq of the ``run_stopped`` in force, or -1 (a later entry that reopens the run resets it)."""
         self._calls: dict[str, CallRecord] = {}
         self._open: dict[str, CallRecord] = {}  # calls without tool_finished, in call order
         self._reply_calls: list[str] = []  # the calls of the last reply, for ordering results
@@ -309,6 +310,7 @@ class State:
             and not (kind == "model_failed" and getattr(entry, "purpose", None) == "compaction")
         ):
             self._stopped = None
+            self.stopped_seq = -1
         if kind in _REQUEST_KINDS:
             self.requests += 1
         if kind == "run_resumed":
@@ -489,7 +491,7 @@ class State:
 
     def _on_run_stopped(self, e: j.RunStopped) -> None:
         self._stopped = e
-        self._stopped_seq = e.seq
+        self.stopped_seq = e.seq
 
     def _note_inbox(self, inbox_seq: int | None, item_id: str | None) -> None:
         if inbox_seq is not None:
@@ -499,11 +501,6 @@ class State:
 
     # ----------------------------------------------------------------------------------------------
     # What stores and drivers need
-
-    @property
-    def stopped_seq(self) -> int:
-        """The seq of the last ``run_stopped`` still in force, or -1."""
-        return self._stopped_seq if self._stopped is not None else -1
 
     def has_item(self, item_id: str) -> bool:
         """Whether an inbox item with this id was journaled."""
@@ -527,7 +524,7 @@ class State:
         """Hold the sealed copies of the last entries folded (a writer sealed them for an append).
 
         The fold then keeps exactly the entries a later ``store.load`` returns. Each sealed entry must be
-        the folded one with ``w``, ``h`` and ``b`` set: same seq and kind.
+        the folded one with ``w``, ``h`` and ``b`` set (same seq, kind and fields).
         """
         if not sealed:
             return
@@ -537,12 +534,6 @@ class State:
                 f"run {self.id}: sealed seqs {start}..{start + len(sealed) - 1} are not the last entries folded "
                 f"(0..{len(self.history) - 1}). Fix: seal the entries the writer added, in order"
             )
-        for entry in sealed:
-            if self.history[entry.seq].kind != entry.kind:
-                raise ValueError(
-                    f"run {self.id} seq {entry.seq}: a sealed {entry.kind} does not match the folded "
-                    f"{self.history[entry.seq].kind}. Fix: seal the entries the writer added, in order"
-                )
         self.history[start:] = sealed
         if self._stopped is not None and self._stopped.seq >= start:
             self._stopped = self.history[self._stopped.seq]  # type: ignore[assignment]

@@ -83,7 +83,7 @@ class Drive:
             HumanStep(agent.human, self.writer, self.inbox, agent.poll_interval) if agent.human else None
         )
         self.inherited = inherited
-        self._start_seq = len(self.state.history)  # a run_stopped from here on was written by this drive
+        self._start_seq = len(self.state.history)  # a run_stopped in force from here on is this drive's
         self._waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
         self._lease_lost = False
 
@@ -123,10 +123,6 @@ class Drive:
             await self._close_after(exc)
             raise
 
-    def _stopped_here(self) -> bool:
-        """Whether this drive wrote the ``run_stopped`` in force (a message since would have reopened it)."""
-        return self.state.stopped_seq >= self._start_seq
-
     def _lost(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
         self._lease_lost = True
         loop.call_soon_threadsafe(task.cancel)
@@ -164,7 +160,9 @@ class Drive:
 
     async def _drive_until_release(self) -> None:
         state = self.state
-        while not self._stopped_here() and not self.gate.stopping:
+        while (
+            state.stopped_seq < self._start_seq and not self.gate.stopping
+        ):  # until this drive stops the run
             status = state.status
             if status in j.FINAL_STATUSES:
                 return
@@ -172,7 +170,7 @@ class Drive:
                 return
             if self.human is not None and not self._waiting_at_take:
                 await self.human.ask()
-                if self._stopped_here() or state.status == "cancelled":
+                if state.stopped_seq >= self._start_seq or state.status == "cancelled":
                     return
             open_calls = state.open_calls
             runnable = [c.call_id for c in open_calls if c.action in ("run", "retry", "resume_child")]

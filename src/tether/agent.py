@@ -125,7 +125,7 @@ class Agent:
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.max_cost = max_cost
-        self.price = price if price is not None else budgets.price_for(self.model.name)
+        self.price = price if price is not None else budgets.price_for(self.model.name, lazy=max_cost is None)
         if max_cost is not None and self.price is None:
             raise ValueError(
                 f"no price for model {self.model.name}. Fix: pass price=Price(input=..., output=...) (US dollars "
@@ -154,7 +154,7 @@ class Agent:
         window = (
             context_window
             or getattr(self.model, "context_window", None)
-            or budgets.window_for(self.model.name)
+            or (budgets.window_for(self.model.name) if compact_at is not None else None)
         )
         if compact_at is not None and not 0 < compact_at <= 1:
             raise ValueError(

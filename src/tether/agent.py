@@ -227,13 +227,19 @@ class Agent(Generic[DepsT]):
                 f"agent.tool got {fn!r}, not a function. Fix: decorate a def with @agent.tool, or pass "
                 "options by keyword: @agent.tool(name=..., effect=...)"
             )
-        options: dict[str, Any] = {"name": name, "description": description, "effect": effect}
-        options.update(approval=approval, timeout=timeout, max_attempts=max_attempts)
+        decorate = make_tool(  # checks the effect now, not when a function comes
+            name=name,
+            description=description,
+            effect=effect,
+            approval=approval,
+            timeout=timeout,
+            max_attempts=max_attempts,
+        )
 
         def register(target: Callable[..., Any]) -> Tool:
             if isinstance(target, str) or not callable(target):
                 raise TypeError(f"@agent.tool(...) decorates a function, not {target!r}. Fix: decorate a def")
-            return self._register(make_tool(**options)(target))
+            return self._register(decorate(target))
 
         if isinstance(fn, Tool):  # a Tool made by @tool keeps its options
             return self._register(fn)

@@ -88,7 +88,7 @@ class ListingCases(ConformanceBase):
             store.list(cursor="garbage!")
 
     def test_list_by_metadata(self, store: Store) -> None:
-        one = {"user": "u1", "tenant": "t1", "a.b": "dotted key", "note": "Zoë's \"quote\""}
+        one = {"user": "u1", "tenant": "t1", "a.b": "dotted key", "note": 'Zoë\'s "quote"'}
         two = {"user": "u2", "tenant": "t1"}
         make_sealed(store, "m1", metadata=one, updated_at=ago(30))
         writer, lease = make_sealed(store, "m2", held=True, metadata=two, updated_at=ago(20))

@@ -27,7 +27,7 @@ from .agent_spec import DrivenAgent
 from .approvals import HumanStep
 from .inbox import InboxWatch
 from .model_step import ModelStep
-from .recovery import check_agent, recover
+from .recovery import args_check, check_agent, recover
 from .renewal import ACTIVE_DRIVES, Renewer
 from .subagents import Children
 from .tool_step import ToolStep
@@ -47,7 +47,9 @@ class Drive:
         lease: this process's hold on the run.
         emit: where ``agent.stream`` receives entries (after their append) and text deltas.
         inherited: a parent's remaining budgets, for a subagent's run.
-        output: the structured output the run must end with (default: the agent's, else the journal's).
+        output: the structured output the run must end with (default: the agent's, else the journal's);
+            it also types ``state.output`` of the State the drive returns, whatever type the journal names.
+        deps: the driving call's dependencies (``ctx.deps`` in tools, a subagent's too); never journaled.
     """
 
     def __init__(
@@ -60,25 +62,28 @@ class Drive:
         emit: Callable[[Event], None] | None = None,
         inherited: dict[str, Any] | None = None,
         output: OutputSpec | None = None,
+        deps: Any = None,
     ) -> None:
         self.agent = agent
         self.store = store
         self.state = journal.state
         self.gate = StartGate()
         self.writer = Writer(store, lease, journal, self.gate, emit)
-        self.inbox = InboxWatch(self.writer, agent.poll_interval, self._cancel_children)
-        self.children = Children(agent, self.writer, inherited, _drive_child)
+        self.inbox = InboxWatch(self.writer, agent.poll_interval, self._cancel_children, args_check(agent))
+        self.children = Children(agent, self.writer, inherited, _drive_child, deps)
         admitted: dict[str, dict[str, Any]] = {}
+        output = output if output is not None else agent.output or _journaled_output(self.state)
+        self.state.type_output_with(output)  # the driving agent's type, whoever started the run (DESIGN 18)
         self.model = ModelStep(
             agent,
             self.writer,
             self.inbox,
-            output=output if output is not None else agent.output or _journaled_output(self.state),
+            output=output,
             admitted=admitted,
             inherited=inherited,
             emit=emit,
         )
-        self.tools = ToolStep(agent, self.writer, self.inbox, self.gate, admitted, self.children)
+        self.tools = ToolStep(agent, self.writer, self.inbox, self.gate, admitted, self.children, deps)
         self.human = (
             HumanStep(agent.human, self.writer, self.inbox, agent.poll_interval) if agent.human else None
         )
@@ -245,10 +250,15 @@ def _abort_in_flight(writer: Writer, in_flight: list[str]) -> None:
 
 
 async def _drive_child(
-    agent: DrivenAgent, store: Store, journal: JournalWriter, lease: Lease, inherited: dict[str, Any]
+    agent: DrivenAgent,
+    store: Store,
+    journal: JournalWriter,
+    lease: Lease,
+    inherited: dict[str, Any],
+    deps: Any,
 ) -> State:
-    """Drive a subagent's run (held by this process) to its next stop."""
-    return await Drive(agent, store, journal, lease, inherited=inherited).run()
+    """Drive a subagent's run (held by this process) to its next stop, with its parent's deps."""
+    return await Drive(agent, store, journal, lease, inherited=inherited, deps=deps).run()
 
 
 def _journaled_output(state: State) -> OutputSpec | None:

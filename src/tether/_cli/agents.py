@@ -9,8 +9,9 @@ holds the run, or posts it to the inbox of the process that drives it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -67,7 +68,14 @@ def not_driven(root: str) -> str:
 
 
 def _decide(
-    approved: bool, run_id: str, call_id: str, by: str, reason: str | None, child: str | None, url: str
+    approved: bool,
+    run_id: str,
+    call_id: str,
+    by: str,
+    reason: str | None,
+    child: str | None,
+    url: str,
+    args: dict[str, Any] | None = None,
 ) -> None:
     runs = require_store(url)
     target = j.validate_run_id(child if child is not None else run_id)
@@ -75,9 +83,11 @@ def _decide(
     root = state.root_id or state.id
     if child is not None and run_id not in (state.parent_id, state.root_id):
         fail(f"run {child} is not a subagent run of {run_id}", f"tether ls --parent {run_id} lists them")
-    decide = state.approve if approved else state.deny
     try:
-        decide(call_id, by=by, reason=reason, run_id=target)
+        if approved:
+            state.approve(call_id, by=by, reason=reason, run_id=target, args=args)
+        else:
+            state.deny(call_id, by=by, reason=reason, run_id=target)
     except ValueError as exc:
         fail(str(exc), f"nothing to do; tether show {target} shows its calls and decisions")
     item_id = state.take_local_changes()[-1]["item_id"]
@@ -128,14 +138,29 @@ def approve(
     by: ByOption,
     reason: ReasonOption = None,
     child: RunOption = None,
+    args: Annotated[
+        str | None,
+        typer.Option(
+            "--args", metavar="JSON", help="Run the call with these arguments instead (a JSON object)."
+        ),
+    ] = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Approve a call that waits for a decision.
 
     Journaled now if no process holds the run; otherwise posted to its inbox, and the holder journals it.
-    A second decision on the same call is refused.
+    A second decision on the same call is refused. With --args the tool runs with those arguments
+    (validated by the driver that starts the call) and the model is told who changed them.
     """
-    _decide(True, run_id, call_id, by, reason, child, store)
+    edited = None
+    if args is not None:
+        try:
+            edited = json.loads(args)
+        except ValueError as exc:
+            fail(f"--args is not JSON ({exc})", """pass an object, e.g. --args '{"amount": 50}'""")
+        if not isinstance(edited, dict):
+            fail("--args is not a JSON object", """pass an object, e.g. --args '{"amount": 50}'""")
+    _decide(True, run_id, call_id, by, reason, child, store, edited)
 
 
 @app.command()

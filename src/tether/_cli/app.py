@@ -116,6 +116,10 @@ def ls(
     parent: Annotated[
         str | None, typer.Option("--parent", metavar="ID", help="Only the subagent runs of this run.")
     ] = None,
+    meta: Annotated[
+        list[str] | None,
+        typer.Option("--meta", metavar="KEY=VALUE", help="Only runs with this metadata pair (repeatable)."),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs, newest first.")] = 50,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
@@ -128,9 +132,15 @@ def ls(
         fail(f"status {status!r} is not known. Fix: use one of {', '.join(STATUSES)}")
     if parent is not None:
         j.validate_run_id(parent)
+    pairs = [pair.partition("=") for pair in meta or ()]
+    if any(not key or not sep for key, sep, _ in pairs):
+        fail("--meta takes KEY=VALUE", "e.g. tether ls --meta user=u42")
+    metadata = {key: value for key, _, value in pairs}
     opened = open_cli_store(store, missing_ok=True)
     runs = (
-        opened.list(status=status, agent=agent, parent_id=parent, limit=limit) if opened is not None else []
+        opened.list(status=status, agent=agent, parent_id=parent, metadata=metadata, limit=limit)
+        if opened is not None
+        else []
     )
     out = console()
     if as_json:

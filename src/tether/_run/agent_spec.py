@@ -49,8 +49,9 @@ class DrivenAgent(Protocol):
     def subagents(self) -> Mapping[str, DrivenAgent]:
         """The agents among its tools, by tool name (each call runs as a run of its own)."""
 
-    def tool(self, name: str) -> Tool | None:
-        """The tool called ``name``, if the agent has it."""
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        """Its tools by name (subagents included); ``tools.get(name)`` is None for a tool it lacks."""
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The tool schemas the model is shown."""
@@ -58,8 +59,9 @@ class DrivenAgent(Protocol):
     def unknown_tool_text(self, name: str) -> str:
         """What the model is told when it calls a tool the agent lacks."""
 
-    def permission_for(self, tool: Tool) -> tuple[Decision, str]:
-        """The decision for a call of ``tool`` under the agent's rules, and its reason."""
+    def permission_for(self, tool: Tool, args: dict[str, Any]) -> tuple[Decision, str]:
+        """The decision for a call of ``tool`` with validated ``args`` under the agent's rules, and its reason
+        (conditions are evaluated here, once per call)."""
 
     def fingerprint(self) -> dict[str, Any]:
         """The model name and hashes of the instructions and tool schemas."""

@@ -84,12 +84,9 @@ class Writer:
         self.inbox_hint: tuple[int, float] = (0, float("-inf"))
         self.handed_over: set[str] = set()
         self.trace: NoTrace = NO_TRACE
+        self.add = journal.add  # queue the next entry (folded into the State at once)
         self._lock = asyncio.Lock()
         self._after_append: dict[int, _Job] = {}  # sync tools to start, by the seq of their tool_started
-
-    def add(self, entry_type: type[j.Entry], **fields: Any) -> j.Entry:
-        """Queue the next entry (folded into the State at once)."""
-        return self.journal.add(entry_type, **fields)
 
     def act(self) -> None:
         """Queue ``run_resumed`` before this drive's first entry that acts."""

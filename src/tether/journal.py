@@ -68,8 +68,13 @@ __all__ = [
     "validate_run_id",
 ]
 
-FORMAT_VERSION = 1
-"""The journal format this tether writes; it reads this one and every older one."""
+FORMAT_VERSION = 2
+"""The journal format this tether writes; it reads this one and every older one.
+
+Format 2 added optional fields: ``run_started.metadata`` and ``traceparent``, ``approval_decided.args``. A
+format-1 journal reads unchanged; what this tether appends to one carries ``v`` 2, so an older tether
+refuses the journal as newer instead of failing on a field it does not know.
+"""
 
 # --------------------------------------------------------------------------------------------------
 # Vocabulary: the one definition of each set of words the journal records
@@ -469,8 +474,8 @@ def encode_entry(entry: Entry) -> bytes:
 
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
-_MIGRATIONS: dict[int, Migration] = {}
-"""Upgrades of an entry's JSON from format ``n`` to ``n + 1``, keyed by ``n``; empty while only format 1 exists."""
+_MIGRATIONS: dict[int, Migration] = {1: lambda obj: obj}  # format 2 only added optional fields
+"""Upgrades of an entry's JSON from format ``n`` to ``n + 1``, keyed by ``n``."""
 
 
 def decode_entry(

@@ -78,6 +78,8 @@ class State:
         self._output_spec: Any = None  # the driving agent's OutputSpec, which types the output (DESIGN 18)
         self.stopped_seq = -1
         """The seq of the ``run_stopped`` in force, or -1 (a later entry that reopens the run resets it)."""
+        self.format_version = j.FORMAT_VERSION
+        """The journal's format (its ``run_started.version``); a writer marks newer entries with ``v``."""
         self._calls: dict[str, CallRecord] = {}
         self._open: dict[str, CallRecord] = {}  # calls without tool_finished, in call order
         self._reply_calls: list[str] = []  # the calls of the last reply, for ordering results
@@ -358,6 +360,7 @@ class State:
         self.root_id = e.root_id or self.id
         self.parent_call_id = e.parent_call_id
         self.metadata = dict(e.metadata or {})
+        self.format_version = e.version
         self.messages = []
 
     def _count(self, blocks: Sequence[dict[str, Any]]) -> None:

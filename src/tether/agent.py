@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -29,7 +30,7 @@ from .permissions import Decision, Rule, decide
 from .state import State
 from .stores.base import Lease, Store
 from .stores.memory import MemoryStore
-from .tools import ApprovalCondition, DepsT, Tool
+from .tools import ApprovalCondition, DepsT, Tool, ToolSource
 from .tools import tool as make_tool
 from .tracing import InstrumentSettings, check_setting
 from .writing import JournalWriter
@@ -46,8 +47,9 @@ class Agent(Generic[DepsT]):
     Args:
         model: ``"anthropic:<model>"``, ``"openai:<model>"`` or a Model object.
         instructions: the system instructions.
-        tools: functions (wrapped with ``@tool`` if they are not already), Tool objects, or Agents with a
-            ``name`` and ``description`` (subagents: each call runs as a run of its own).
+        tools: functions (wrapped with ``@tool`` if they are not already), Tool objects, Agents with a
+            ``name`` and ``description`` (subagents: each call runs as a run of its own), or tool sources
+            such as ``tether.mcp.MCPTools`` (their tools are listed when each drive starts).
         store: where runs are journaled; None keeps each run in memory only (it still gets an id).
         name: the agent's name, recorded in each run; a run resumes only with an agent of its name.
         description: what the agent does (used when it is a subagent).
@@ -92,7 +94,7 @@ class Agent(Generic[DepsT]):
         model: str | Model,
         *,
         instructions: str = "",
-        tools: Sequence[Tool | Agent | Callable[..., Any]] = (),
+        tools: Sequence[Tool | Agent | ToolSource | Callable[..., Any]] = (),
         store: Store | None = None,
         name: str = "agent",
         description: str | None = None,
@@ -124,8 +126,16 @@ class Agent(Generic[DepsT]):
         self.tools = MappingProxyType(self._tools)
         self.subagents: dict[str, Agent[Any]] = {}
         self._schemas: list[dict[str, Any]] = []
+        self._sources: list[ToolSource] = []
         for item in tools:
-            if isinstance(item, Agent):
+            if isinstance(item, ToolSource):
+                self._sources.append(item)
+            elif isinstance(item, Agent):
+                if item._sources:
+                    raise ValueError(
+                        f"subagent {item.name} has tool sources (MCPTools), which subagents do not support "
+                        "yet. Fix: give those tools to the parent agent, or make the subagent's tools plain"
+                    )
                 self._register(subagent_tool(item))
                 self.subagents[item.name] = item
             else:
@@ -258,6 +268,26 @@ class Agent(Generic[DepsT]):
         self._schemas = [t.schema for t in self._tools.values()]
         return made
 
+    @contextlib.asynccontextmanager
+    async def _opened(self) -> AsyncIterator[Agent[DepsT]]:
+        """This agent for one drive: its tool sources opened and their tools added (itself when it has none).
+
+        The sources stay open until the drive ends (the run released); their tools join the copy's tools,
+        schemas and fingerprint. A source that cannot open raises before the run is taken.
+        """
+        if not self._sources:
+            yield self
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            bound = copy.copy(self)
+            bound._tools = dict(self._tools)
+            bound.tools = MappingProxyType(bound._tools)
+            bound._sources = []
+            for source in self._sources:
+                for made in await stack.enter_async_context(source.open_tools()):
+                    bound._register(made)
+            yield bound
+
     # ----------------------------------------------------------------------------------------------
     # What the driver asks of its agent
 
@@ -368,8 +398,9 @@ class Agent(Generic[DepsT]):
             ConflictError: the State is stale (another process appended since it was loaded).
         """
         output = output_spec(output_type) if output_type is not None else None
-        store, journal, lease, _ = await self._take_for_run(prompt, id, output, metadata, if_exists)
-        return await Drive(self, store, journal, lease, output=output, deps=deps).run()
+        async with self._opened() as agent:
+            store, journal, lease, _ = await agent._take_for_run(prompt, id, output, metadata, if_exists)
+            return await Drive(agent, store, journal, lease, output=output, deps=deps).run()
 
     async def aresume(self, run_id: str, *, deps: DepsT | None = None) -> State:
         """Continue a run from its journal, in any process: finished tools never run again.
@@ -382,8 +413,9 @@ class Agent(Generic[DepsT]):
             RunBusyError: a live process drives the run.
         """
         store = self._require_store("resume")
-        journal, lease = await taking.take_existing(self, store, run_id)
-        return await Drive(self, store, journal, lease, deps=deps).run()
+        async with self._opened() as agent:
+            journal, lease = await taking.take_existing(agent, store, run_id)
+            return await Drive(agent, store, journal, lease, deps=deps).run()
 
     def compact(self, run: str | State) -> State:
         """Summarize a run's conversation so far and journal ``compacted``. See ``acompact``."""
@@ -409,8 +441,9 @@ class Agent(Generic[DepsT]):
         The lease's owner writer id is the writer of what the drive appends. On a wrong agent or a subagent
         run the lease is abandoned and ValueError raised.
         """
-        journal = await taking.take_held(self, store, lease)
-        return await Drive(self, store, journal, lease, deps=deps).run()
+        async with self._opened() as agent:
+            journal = await taking.take_held(agent, store, lease)
+            return await Drive(agent, store, journal, lease, deps=deps).run()
 
     async def stream(
         self,
@@ -428,26 +461,29 @@ class Agent(Generic[DepsT]):
         stays resumable).
         """
         output = output_spec(output_type) if output_type is not None else None
-        store, journal, lease, created = await self._take_for_run(prompt, id, output, metadata, if_exists)
-        queue: asyncio.Queue[Event | None] = asyncio.Queue()
-        if created:  # the entries that created the run were appended before the drive: yield them first
-            for entry in journal.state.history:
-                queue.put_nowait(EntryEvent(entry))
-        drive = Drive(self, store, journal, lease, emit=queue.put_nowait, output=output, deps=deps)
-        task = asyncio.ensure_future(drive.run())
-        task.add_done_callback(lambda _: queue.put_nowait(None))
-        try:
-            while True:
-                event = await queue.get()
-                if event is None:
-                    break
-                yield event
-            task.result()
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        async with self._opened() as agent:
+            store, journal, lease, created = await agent._take_for_run(
+                prompt, id, output, metadata, if_exists
+            )
+            queue: asyncio.Queue[Event | None] = asyncio.Queue()
+            if created:  # the entries that created the run were appended before the drive: yield them first
+                for entry in journal.state.history:
+                    queue.put_nowait(EntryEvent(entry))
+            drive = Drive(agent, store, journal, lease, emit=queue.put_nowait, output=output, deps=deps)
+            task = asyncio.ensure_future(drive.run())
+            task.add_done_callback(lambda _: queue.put_nowait(None))
+            try:
+                while True:
+                    event = await queue.get()
+                    if event is None:
+                        break
+                    yield event
+                task.result()
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
 
     def submit(
         self, prompt: str | Message, *, id: str | None = None, metadata: dict[str, str] | None = None

@@ -17,8 +17,19 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar, overload
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Generic,
+    Literal,
+    Protocol,
+    TypeVar,
+    overload,
+    runtime_checkable,
+)
 
 from .journal import EFFECTS, Effect
 from .messages import text_block
@@ -33,7 +44,9 @@ __all__ = [
     "Effect",
     "Tool",
     "ToolContext",
+    "ToolCutOff",
     "ToolInputError",
+    "ToolSource",
     "result_to_blocks",
     "tool",
 ]
@@ -57,6 +70,33 @@ _MAX_ERRORS = 8
 
 class ToolInputError(ValueError):
     """The model's arguments for a tool are invalid; the message is written for the model to fix its call."""
+
+
+class ToolCutOff(Exception):
+    """A call was cut off mid-way (a lost connection): it may or may not have taken effect.
+
+    A tool raises it to have the driver treat the attempt like an interrupted one, by its effect: a
+    ``read_only`` or ``idempotent`` call is started again (attempt + 1, the same key) until
+    ``max_attempts``; an ``unsafe`` one is closed ``aborted``. The message says what was cut off.
+    """
+
+
+@runtime_checkable
+class ToolSource(Protocol):
+    """Something that gives an agent tools only while a drive holds it open (``tether.mcp.MCPTools``).
+
+    ``Agent(tools=[...])`` accepts one beside plain tools. Each drive enters ``open_tools()`` before it
+    takes its run and exits it when the run is released; the tools it yields are the agent's for that
+    drive (offered to the model, in the fingerprint, invoked by the driver).
+    """
+
+    def open_tools(self) -> AbstractAsyncContextManager[Sequence[Tool]]:
+        """Connect and yield this drive's tools; exiting closes what was opened.
+
+        Raises:
+            TetherError: the source cannot be opened (the drive fails before any model request).
+        """
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

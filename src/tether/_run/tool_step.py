@@ -16,7 +16,7 @@ from typing import Any
 from .. import journal as j
 from ..messages import text_block as _text
 from ..stores.operations import cancel_tree, child_id_for
-from ..tools import ToolContext, ToolInputError, result_to_blocks
+from ..tools import ToolContext, ToolCutOff, ToolInputError, result_to_blocks
 from .agent_spec import DrivenAgent
 from .inbox import InboxWatch
 from .invoke import call_tool, sync_tool_job, tool_result
@@ -227,7 +227,7 @@ class ToolStep:
                 else:
                     value = await call_tool(tool, kwargs, ctx, span)
                     outcome, content = "done", result_to_blocks(value)
-            except TimeoutError as exc:
+            except (TimeoutError, ToolCutOff) as exc:  # an interrupted attempt: retried or aborted by effect
                 self.writer.trace.tool(call_id).error(exc)
                 effect = record.effect or tool.effect
                 limit = record.max_attempts or tool.max_attempts
@@ -235,7 +235,11 @@ class ToolStep:
                     self._start(call_id)
                     await self.writer.flush()
                     continue
-                if effect in j.RETRY_EFFECTS:
+                if isinstance(exc, ToolCutOff):
+                    text = f"aborted: {exc}; the tool may or may not have run"
+                    if effect in j.RETRY_EFFECTS:
+                        text = f"aborted: cut off {record.attempt} times; last: {exc}"
+                elif effect in j.RETRY_EFFECTS:
                     text = f"aborted: timed out {record.attempt} times (timeout {tool.timeout}s)"
                 else:
                     text = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -85,6 +86,33 @@ def die_unsafe(ctx: Context) -> str:
     """Crash the server on the first execution of a call (unsafe)."""
     _die_once("die_unsafe", ctx)
     return "survived"
+
+
+def _kill_driver_once(tool: str, ctx: Context) -> str:
+    """SIGKILL the driving process (this server's parent) mid-call, on a call's first execution."""
+    seen = _record(tool, {}, ctx)
+    key = (ctx.request_context.meta or {}).get("tether/idempotency_key")
+    if sum(1 for e in seen if e["tool"] == tool and e["meta"].get("tether/idempotency_key") == key) == 1:
+        os.kill(os.getppid(), signal.SIGKILL)
+    return "finished"
+
+
+@app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def crash_read_only(ctx: Context) -> str:
+    """Kill the driver mid-call on the first execution (read-only)."""
+    return _kill_driver_once("crash_read_only", ctx)
+
+
+@app.tool(annotations=ToolAnnotations(idempotentHint=True))
+def crash_idempotent(ctx: Context) -> str:
+    """Kill the driver mid-call on the first execution (idempotent)."""
+    return _kill_driver_once("crash_idempotent", ctx)
+
+
+@app.tool()
+def crash_unsafe(ctx: Context) -> str:
+    """Kill the driver mid-call on the first execution (unsafe)."""
+    return _kill_driver_once("crash_unsafe", ctx)
 
 
 if __name__ == "__main__":

@@ -224,3 +224,32 @@ def test_options_are_checked() -> None:
         MCPTools("x", effects={"a": "maybe"})  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="approval"):
         MCPTools("x", approval="sometimes")
+
+
+@pytest.mark.parametrize(
+    ("tool", "runs", "outcome"),
+    [("crash_read_only", 2, "done"), ("crash_idempotent", 2, "done"), ("crash_unsafe", 1, "aborted")],
+)
+def test_sigkill_of_the_driver_mid_call_recovered_by_effect(
+    tmp_path: Path, tool: str, runs: int, outcome: str
+) -> None:
+    """The server SIGKILLs the driving process while the call runs; a new process resumes the run."""
+    driver = str(Path(__file__).with_name("_mcp_driver.py"))
+    log = tmp_path / "log"
+    args = [sys.executable, driver, str(tmp_path / "runs"), str(log), tool]
+    crashed = subprocess.run([*args, "run"], capture_output=True, text=True, timeout=60)
+    assert crashed.returncode == -9, crashed.stderr
+    assert len(executions(log)) == 1
+    resumed = subprocess.run([*args, "resume"], capture_output=True, text=True, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert result["status"] == "completed"
+    assert result["outcomes"] == [outcome]
+    runs_seen = executions(log)
+    assert len(runs_seen) == runs  # counted on the server's side
+    assert len(result["keys"]) == 1
+    assert {r["meta"]["tether/idempotency_key"] for r in runs_seen} == set(result["keys"])
+    if outcome == "aborted":
+        assert "may or may not have run" in result["texts"][0]
+    else:
+        assert result["attempts"] == [1, 2]

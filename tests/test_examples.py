@@ -110,3 +110,18 @@ def test_refund_app_starts_runs_per_request_idempotently_and_a_worker_finishes_t
     assert "runs of u7: [{'id': 'refund-o3', 'status': 'completed'}]" in lines
     assert "refund-o2: completed Refund order='o2' refunded=200" in lines  # the edited amount, typed
     assert "refunds: [('o1', 40), ('o2', 200), ('o3', 30)]" in lines
+
+
+def test_mcp_notes_killed_mid_call_then_resumed(workdir: Path) -> None:
+    crashed = run(workdir, "mcp_notes.py", env={"TETHER_FAILPOINT": "after_append:tool_started"})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    resumed = run(workdir, "mcp_notes.py")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "status: completed" in resumed.stdout
+    assert "Saved: buy milk." in resumed.stdout
+    import json
+
+    notes = json.loads((workdir / "notes.json").read_text())
+    assert list(notes.values()) == ["buy milk"]  # saved once, whether or not the cut-off call ran
+    keys = {line.split()[1] for line in (workdir / "notes-calls.log").read_text().splitlines()}
+    assert len(keys) == 1  # every execution carried the same idempotency key

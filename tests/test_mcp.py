@@ -253,3 +253,29 @@ def test_sigkill_of_the_driver_mid_call_recovered_by_effect(
         assert "may or may not have run" in result["texts"][0]
     else:
         assert result["attempts"] == [1, 2]
+
+
+def test_a_worker_drives_mcp_tools_and_lets_go_of_a_run_whose_server_fails(tmp_path: Path) -> None:
+    from tether import Worker
+
+    store = FileStore(tmp_path / "runs")
+    log = tmp_path / "log"
+    broken = Agent(ScriptedModel(["done"]), tools=[MCPTools("/nonexistent/mcp-server")], store=store)
+    broken.submit("go", id="w1")
+    Worker([broken], store, poll_interval=0.1).run(stop_when_idle=True)
+    assert store.load("w1").status == "running"  # not driven: the server could not start
+    agent = Agent(ScriptedModel([call("lookup", word="w"), "done"]), tools=[stdio(log)], store=store)
+    Worker([agent], store, poll_interval=0.1).run(stop_when_idle=True)  # the lease was let go
+    assert store.load("w1").status == "completed"
+    assert [e["tool"] for e in executions(log)] == ["lookup"]
+
+
+def test_http_server_lost_mid_call(http_server: tuple[str, Path]) -> None:
+    """The HTTP server dies under an unsafe call: the call is aborted, the run goes on."""
+    url, log = http_server
+    model = ScriptedModel([call("die_unsafe"), "done"])
+    state = Agent(model, tools=[MCPTools(url=url)]).run("go")
+    assert state.status == "completed"
+    (result,) = finished(state)
+    assert result.outcome == "aborted"
+    assert len(executions(log)) == 1

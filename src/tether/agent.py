@@ -439,9 +439,15 @@ class Agent(Generic[DepsT]):
         """Drive a run this process already holds (a Worker's ``claim_next``), then release it.
 
         The lease's owner writer id is the writer of what the drive appends. On a wrong agent or a subagent
-        run the lease is abandoned and ValueError raised.
+        run the lease is abandoned and ValueError raised; a tool source that cannot open (an MCP server)
+        abandons it too, and its error is raised.
         """
-        async with self._opened() as agent:
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                agent = await stack.enter_async_context(self._opened())
+            except BaseException:  # a tool source that cannot open: the run is not driven, so let it go
+                await store.run_io(store.abandon, lease)
+                raise
             journal = await taking.take_held(agent, store, lease)
             return await Drive(agent, store, journal, lease, deps=deps).run()
 

@@ -279,3 +279,18 @@ def test_http_server_lost_mid_call(http_server: tuple[str, Path]) -> None:
     (result,) = finished(state)
     assert result.outcome == "aborted"
     assert len(executions(log)) == 1
+
+
+def test_server_that_never_answers_initialize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tether.mcp
+
+    monkeypatch.setattr(tether.mcp, "_CONNECT_TIMEOUT", 1.0)
+    script = tmp_path / "silent.py"
+    script.write_text(
+        "import sys, time\nprint('silent server up', file=sys.stderr, flush=True)\ntime.sleep(60)\n"
+    )
+    model = ScriptedModel(["done"])
+    with pytest.raises(MCPServerError, match="did not answer initialize") as info:
+        Agent(model, tools=[MCPTools(sys.executable, [str(script)])]).run("go")
+    assert "silent server up" in str(info.value)
+    assert model.requests == []

@@ -46,6 +46,7 @@ Approval = bool | Literal["destructive"] | Sequence[str]
 _EFFECTS = ("read_only", "idempotent", "unsafe")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _STDERR_TAIL = 2000
+_CONNECT_TIMEOUT = 30.0  # seconds for a server to start and answer initialize
 _CUT_OFF = (
     anyio.ClosedResourceError,
     anyio.BrokenResourceError,
@@ -382,7 +383,10 @@ class _Connection:
             self._stop = asyncio.Event()
             self._task = asyncio.create_task(self._serve(ready, self._stop))
             try:
-                self._session = await ready
+                self._session = await asyncio.wait_for(asyncio.shield(ready), _CONNECT_TIMEOUT)
+            except TimeoutError as exc:
+                await self.close()
+                raise self.error(f"did not answer initialize within {_CONNECT_TIMEOUT:.0f}s", exc) from exc
             except Exception as exc:
                 await self.close()
                 verb = "could not connect" if self.source.url else "could not start"

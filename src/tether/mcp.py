@@ -371,6 +371,7 @@ class _Connection:
         self._stop: asyncio.Event | None = None
         self._session: ClientSession | None = None
         self._lock = asyncio.Lock()
+        self._ready: asyncio.Future[ClientSession] | None = None
         self._stderr: TextIO | None = None
 
     async def session(self) -> ClientSession:
@@ -380,6 +381,7 @@ class _Connection:
             await self.close()
             loop = asyncio.get_running_loop()
             ready: asyncio.Future[ClientSession] = loop.create_future()
+            self._ready = ready
             self._stop = asyncio.Event()
             self._task = asyncio.create_task(self._serve(ready, self._stop))
             try:
@@ -404,6 +406,8 @@ class _Connection:
         task, self._task, self._session = self._task, None, None
         if self._stop is not None:
             self._stop.set()
+        if task is not None and (self._ready is None or not self._ready.done()):
+            task.cancel()  # still starting (initialize unanswered): nothing waits for the stop event yet
         if task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(task), 10)
@@ -411,6 +415,8 @@ class _Connection:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+        if self._ready is not None and self._ready.done() and not self._ready.cancelled():
+            self._ready.exception()  # read, so asyncio does not log a failed start no one awaited
 
     async def _serve(self, ready: asyncio.Future[ClientSession], stop: asyncio.Event) -> None:
         try:

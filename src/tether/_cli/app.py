@@ -405,6 +405,7 @@ def fork(
 # --------------------------------------------------------------------------------------------------
 
 from . import agents as agents  # noqa: E402  (registers run, resume, approve, deny)
+from . import ui as ui  # noqa: E402  (registers ui, the run inspector)
 from . import workers as workers  # noqa: E402  (registers submit, worker, db migrate, crashtest)
 
 

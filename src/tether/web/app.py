@@ -89,7 +89,10 @@ def _blocks_text(blocks: Any) -> str:
         elif kind == "tool_call":
             parts.append(f"→ {block.get('name')}({format_args(block.get('args'), 200)})")
         elif kind == "tool_result":
-            continue
+            inner = _blocks_text(block.get("content"))
+            parts.append(
+                f"← {block.get('call_id') or block.get('id') or ''} {block.get('outcome') or ''}: {inner}"
+            )
         else:
             parts.append(f"[{kind}]")
     return "\n".join(p for p in parts if p)

@@ -292,3 +292,41 @@ def test_import_tether_loads_no_web_framework() -> None:
     code = "import sys, tether; print([m for m in ('starlette', 'jinja2', 'uvicorn', 'tether.web') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_mounted_under_a_prefix(runs: SQLiteStore) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    seed(runs)
+    host = Starlette(routes=[Mount("/inspect", app=create_app(runs, user="erin"))])
+    client = TestClient(host)
+    text = client.get("/inspect/").text
+    assert 'href="/inspect/runs/w1"' in text and 'href="/inspect/static/style.css"' in text
+    page = client.get("/inspect/runs/w1").text
+    assert 'action="/inspect/runs/w1/cancel"' in page and 'data-events="/inspect/runs/w1/events"' in page
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    done = client.post("/inspect/runs/w1/cancel", data={"csrf_token": token}, follow_redirects=False)
+    assert done.status_code == 303 and done.headers["location"].startswith(
+        "http://testserver/inspect/runs/w1"
+    )
+    assert runs.load("w1").status == "cancelled"
+
+
+def test_tether_ui_prints_the_tokened_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from tether._cli.app import app
+
+    seed(SQLiteStore(tmp_path / "ui.db"))
+    served: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    result = CliRunner().invoke(app, ["ui", "--store", f"sqlite:///{tmp_path / 'ui.db'}", "--user", "zoe"])
+    assert result.exit_code == 0, result.output
+    found = re.search(r"http://127\.0\.0\.1:8765/\?token=(\S+)", result.output)
+    assert found and served["host"] == "127.0.0.1" and served["port"] == 8765
+    client = TestClient(served["app"])  # type: ignore[arg-type]
+    assert client.get("/").status_code == 401
+    opened = client.get(f"/?token={found.group(1)}")
+    assert opened.status_code == 200 and "acting as <strong>zoe</strong>" in opened.text

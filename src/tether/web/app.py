@@ -179,10 +179,12 @@ class _Inspector:
 
     def render(self, request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
         template = self.env.get_template(name)
+        base = str(request.scope.get("root_path", "")).rstrip("/")  # mounted under a prefix: links keep it
         text = template.render(
             csrf_token=self.csrf,
+            base=base,
             user=self.who(request),
-            static=str(request.url_for("static", path="")),
+            static=base + "/static/",
             **context,
         )
         return HTMLResponse(text, status_code=status_code)

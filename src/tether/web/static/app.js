@@ -6,7 +6,7 @@
   var timeline = document.getElementById("timeline");
   if (!panels || !timeline || !window.EventSource) return;
   var live = document.getElementById("live");
-  var url = "/runs/" + encodeURIComponent(panels.dataset.run) + "/events?after=" + panels.dataset.after;
+  var url = panels.dataset.events + "?after=" + encodeURIComponent(panels.dataset.after);
   var source = new EventSource(url);
   var pending = null;
   source.addEventListener("entry", function (event) {

@@ -330,3 +330,50 @@ def test_tether_ui_prints_the_tokened_url(tmp_path: Path, monkeypatch: pytest.Mo
     assert client.get("/").status_code == 401
     opened = client.get(f"/?token={found.group(1)}")
     assert opened.status_code == 200 and "acting as <strong>zoe</strong>" in opened.text
+
+
+def test_a_long_timeline_shows_its_newest_entries_first(
+    client: TestClient, runs: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tether.web import app as web_app
+
+    monkeypatch.setattr(web_app, "TIMELINE_WINDOW", 3)
+    seqs = [e.seq for e in runs.load("page1").history]
+    text = client.get("/runs/page1").text
+    shown = [int(s) for s in re.findall(r'<tr class="entry[^"]*" data-seq="(\d+)"', text)]
+    assert shown == seqs[::-1][:3]
+    earlier = re.search(r'href="(/runs/page1\?before=\d+)"', text)
+    assert earlier
+    older = client.get(earlier.group(1)).text
+    assert [int(s) for s in re.findall(r'<tr class="entry[^"]*" data-seq="(\d+)"', older)] == seqs[::-1][3:6]
+
+
+def test_a_subagent_call_is_decided_from_the_root_page(runs: SQLiteStore) -> None:
+    from _web_runs import refund
+    from tether import Agent
+    from tether.testing import ScriptedModel, call
+
+    child = Agent(
+        ScriptedModel([call("refund", amount=9), "child done"]),
+        name="clerk",
+        tools=[refund],
+        description="Refunds.",
+    )
+    boss = Agent(
+        ScriptedModel([call("clerk", prompt="refund 9"), "boss done"]), name="boss", tools=[child], store=runs
+    )
+    state = boss.run("go", id="tree1")
+    (pending,) = state.pending_approvals
+    assert pending.run_id != "tree1"
+    client = TestClient(create_app(runs, user="ivy"))
+    page = client.get("/runs/tree1").text
+    assert f'name="run_id" value="{pending.run_id}"' in page and "in subagent run" in page
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    response = client.post(
+        "/runs/tree1/approve",
+        data={"csrf_token": token, "call_id": pending.call_id, "run_id": pending.run_id, "reason": "small"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+    posted = runs.read_inbox(pending.run_id)
+    assert len(posted) == 1 and posted[0].body.get("by") == "ivy" and posted[0].body.get("reason") == "small"

@@ -206,6 +206,7 @@ def crash_test(
     jobs: int | None = None,
     on_case: Callable[[CrashCase], None] | None = None,
     fresh_interpreter: bool = False,
+    approve: str | None = None,
 ) -> CrashReport:
     """Kill a scenario at every journal boundary, resume it in fresh processes, and check the invariants.
 
@@ -224,6 +225,11 @@ def crash_test(
         on_case: called with each case as it finishes (from a worker thread).
         fresh_interpreter: start every child as a new interpreter (slower). By default each child is
             forked from a server process that has imported tether (and nothing of the agent's code).
+        approve: ``"all"``: every agent of the tree (subagents too) gets a person who approves each call
+            it asks about, so the scenario runs past its approvals; a case whose run ends ``waiting`` (a
+            crash between a request for approval and its answer) has its pending calls approved through the
+            inbox, as ``tether approve`` does, and is resumed again. None (the default): approvals are left
+            pending, and a run waiting for one has ended.
 
     Returns:
         The report: a row per (boundary, failpoint); ``report.violations`` is 0.
@@ -251,6 +257,8 @@ def crash_test(
         raise ValueError("run_id_prefix is longer than 96 characters. Fix: pass a shorter prefix")
     if max_resumes < 1 or timeout <= 0:
         raise ValueError("max_resumes must be at least 1 and timeout positive. Fix: pass e.g. 5 and 60")
+    if approve not in (None, "all"):
+        raise ValueError(f"approve={approve!r} is not known. Fix: pass approve='all', or None")
     if store_url.strip().startswith("memory:"):
         raise ValueError(
             "a memory: store lives in one process, and the crash test runs many. Fix: pass file:PATH or "
@@ -260,7 +268,7 @@ def crash_test(
     workdir = Path(tempfile.mkdtemp(prefix="tether-crashtest-"))
     token = secrets.token_hex(4)
     fork = not fresh_interpreter and hasattr(os, "fork")
-    setup = _Setup(agent_factory, prompt, store, store.identity, workdir, timeout, max_resumes, fork)
+    setup = _Setup(agent_factory, prompt, store, store.identity, workdir, timeout, max_resumes, fork, approve)
     try:
         baseline, boundaries = _baseline(setup, f"{run_id_prefix}-{token}-base")
         plan = [

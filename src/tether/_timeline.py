@@ -427,8 +427,9 @@ def open_state_lines(
         for p in pending:
             run_id = p.run_id or state.id
             lines.append(f"{indent}  {p.call_id:<{id_w}}  {format_call(p.tool, p.args)}")
-            where = "" if run_id == state.id else f"in subagent run {shown(run_id)}, "
-            lines.append(f"{under}{where}asked {format_datetime(p.asked_at, tz)}")
+            if run_id != state.id:
+                lines.append(f"{under}in subagent run {shown(run_id)}")
+            lines.append(f"{under}asked {format_datetime(p.asked_at, tz)}")
             if p.question:
                 lines.append(f"{under}{truncate(p.question, TEXT_WIDTH)}")
             if decide is not None:

@@ -37,7 +37,6 @@ import os
 import secrets
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -62,7 +61,6 @@ __all__ = [
     "CrashCase",
     "CrashReport",
     "InvariantViolation",
-    "cli_main",
     "crash_test",
     "load_agent",
     "record_execution",
@@ -338,35 +336,3 @@ def _case(setup: _Setup, point: str, boundary: _Boundary, run_id: str) -> CrashC
     return CrashCase(
         point, boundary.seq, boundary.label, died, resumes, status, violations, run_id, boundary.where
     )
-
-
-# --------------------------------------------------------------------------------------------------
-# The command line
-
-
-def cli_main(agent: str, prompt: str, store: str, points: list[str]) -> int:
-    """``tether crashtest AGENT PROMPT --store URL [--points P,...]``: print the report; 1 on a violation.
-
-    Returns:
-        0 when every invariant held, 1 on a violation, 2 on bad input or a scenario that does not run.
-    """
-    chosen = tuple(p.strip() for item in points for p in item.split(",") if p.strip()) or POINTS
-
-    def progress(case: CrashCase) -> None:
-        mark = "ok" if not case.violations else f"{len(case.violations)} violations"
-        reached = "" if case.died else " (not reached)"
-        print(
-            f"  {case.point} at seq {case.seq}: {case.status}{reached}, {mark}", file=sys.stderr, flush=True
-        )
-
-    try:
-        report = crash_test(agent, prompt, store_url=store, points=chosen, on_case=progress)
-    except InvariantViolation as exc:
-        print(exc.report)
-        return 1
-    except (ValueError, RuntimeError, OSError) as exc:
-        message = str(exc) if "Fix:" in str(exc) else f"{exc}. Fix: check the command's arguments"
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-    print(report)
-    return 0

@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(PY) bench/turns_sqlite.py --turns 100,1000
 	$(PY) bench/listing.py
 	$(PY) bench/import_time.py
+	$(PY) bench/tracing.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache

@@ -5,7 +5,10 @@ HTTP/1.1 chunks) and records every request (path, headers, JSON body). A reply c
 the socket after some events (``cut_after``), as a dropped connection does. The builders below write the
 events the providers' API references describe: Anthropic ``message_start`` / ``content_block_*`` / ``ping``
 / ``message_delta`` (usage) / ``message_stop``; OpenAI ``chat.completion.chunk`` objects with ``tool_calls``
-deltas by ``index``, a final usage chunk (``stream_options.include_usage``) and ``data: [DONE]``.
+deltas by ``index``, a final usage chunk (``stream_options.include_usage``) and ``data: [DONE]``; OpenAI
+Responses API events (``response.created`` ... ``response.output_item.added`` / deltas /
+``response.output_item.done`` ... ``response.completed`` with the usage), items built by ``r_message``,
+``r_call`` and ``r_reasoning``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,12 @@ __all__ = [
     "openai_completion",
     "openai_error",
     "openai_stream",
+    "r_call",
+    "r_message",
+    "r_reasoning",
     "redacted_thinking_block",
+    "responses_body",
+    "responses_stream",
     "sse",
     "text_block",
     "thinking_block",
@@ -390,9 +398,13 @@ def openai_stream(
     cached_tokens: int | None = 0,
     include_usage: bool = True,
     done: bool = True,
+    finish: bool = True,
 ) -> list[tuple[str | None, Any]]:
     """The chunks of one streamed completion: a role chunk, text pieces, each call's name then its
-    argument pieces (by ``index``), the finish chunk, the usage chunk and ``[DONE]``."""
+    argument pieces (by ``index``), the finish chunk, the usage chunk and ``[DONE]``.
+
+    ``finish=False`` leaves out the finish chunk (no ``finish_reason`` at all), as some OpenAI-compatible
+    gateways do; ``done=False`` leaves out ``data: [DONE]``."""
     chunks = [openai_chunk({"role": "assistant", "content": "", "refusal": None})]
     chunks += [openai_chunk({"content": piece}) for piece in text]
     for index, (call_id, name, pieces) in enumerate(calls):
@@ -407,7 +419,8 @@ def openai_stream(
         chunks += [
             openai_chunk({"tool_calls": [{"index": index, "function": {"arguments": p}}]}) for p in pieces
         ]
-    chunks.append(openai_chunk({}, finish_reason=finish_reason or ("tool_calls" if calls else "stop")))
+    if finish:
+        chunks.append(openai_chunk({}, finish_reason=finish_reason or ("tool_calls" if calls else "stop")))
     if include_usage:
         chunks.append(
             openai_chunk(choices=False, usage=_usage(prompt_tokens, completion_tokens, cached_tokens))
@@ -465,6 +478,171 @@ def openai_error(
 
 
 # --------------------------------------------------------------------------------------------------
+# OpenAI Responses API (https://platform.openai.com/docs/api-reference/responses-streaming)
+
+
+@dataclass
+class RItem:
+    """One output item: as ``response.output_item.added`` announces it, its delta events, and whole."""
+
+    added: dict[str, Any]
+    deltas: list[dict[str, Any]]
+    final: dict[str, Any]
+
+
+def r_message(item_id: str, *pieces: str) -> RItem:
+    """An assistant ``message`` item whose text streams as ``response.output_text.delta`` pieces."""
+    text = "".join(pieces)
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    base = {"id": item_id, "type": "message", "role": "assistant"}
+    deltas: list[dict[str, Any]] = [
+        {"type": "response.content_part.added", "item_id": item_id, "content_index": 0, "part": empty}
+    ]
+    deltas += [
+        {
+            "type": "response.output_text.delta",
+            "item_id": item_id,
+            "content_index": 0,
+            "delta": piece,
+            "logprobs": [],
+        }
+        for piece in pieces
+    ]
+    deltas += [
+        {
+            "type": "response.output_text.done",
+            "item_id": item_id,
+            "content_index": 0,
+            "text": text,
+            "logprobs": [],
+        },
+        {"type": "response.content_part.done", "item_id": item_id, "content_index": 0, "part": part},
+    ]
+    return RItem(
+        {**base, "status": "in_progress", "content": []},
+        deltas,
+        {**base, "status": "completed", "content": [part]},
+    )
+
+
+def r_call(item_id: str, call_id: str, name: str, *pieces: str) -> RItem:
+    """A ``function_call`` item whose arguments stream as ``response.function_call_arguments.delta``."""
+    arguments = "".join(pieces)
+    base = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name}
+    deltas: list[dict[str, Any]] = [
+        {"type": "response.function_call_arguments.delta", "item_id": item_id, "delta": piece}
+        for piece in pieces
+    ]
+    deltas.append(
+        {"type": "response.function_call_arguments.done", "item_id": item_id, "arguments": arguments}
+    )
+    return RItem(
+        {**base, "arguments": "", "status": "in_progress"},
+        deltas,
+        {**base, "arguments": arguments, "status": "completed"},
+    )
+
+
+def r_reasoning(item_id: str, summary: Sequence[str], encrypted: str | None) -> RItem:
+    """A ``reasoning`` item: summary text deltas; ``encrypted_content`` whole only in its ``done`` event."""
+    text = "".join(summary)
+    deltas: list[dict[str, Any]] = []
+    if summary:
+        deltas.append(
+            {
+                "type": "response.reasoning_summary_part.added",
+                "item_id": item_id,
+                "summary_index": 0,
+                "part": {"type": "summary_text", "text": ""},
+            }
+        )
+        deltas += [
+            {
+                "type": "response.reasoning_summary_text.delta",
+                "item_id": item_id,
+                "summary_index": 0,
+                "delta": p,
+            }
+            for p in summary
+        ]
+        deltas.append(
+            {
+                "type": "response.reasoning_summary_text.done",
+                "item_id": item_id,
+                "summary_index": 0,
+                "text": text,
+            }
+        )
+    final: dict[str, Any] = {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": text}] if summary else [],
+    }
+    if encrypted is not None:
+        final["encrypted_content"] = encrypted
+    return RItem({**final, "summary": [], "encrypted_content": None}, deltas, final)
+
+
+def _r_usage(input_tokens: int, output_tokens: int, cached: int, reasoning: int) -> dict[str, Any]:
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
+def responses_body(
+    *items: RItem,
+    status: str = "completed",
+    incomplete: str | None = None,
+    model: str = "gpt-x-2025-01-01",
+    input_tokens: int = 320,
+    output_tokens: int = 48,
+    cached_tokens: int = 0,
+    reasoning_tokens: int = 0,
+    usage: bool = True,
+) -> dict[str, Any]:
+    """A whole ``response`` object (the non-streamed reply, and what ``response.completed`` carries)."""
+    return {
+        "id": "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b",
+        "object": "response",
+        "created_at": 1741476542,
+        "status": status,
+        "error": None,
+        "incomplete_details": {"reason": incomplete} if incomplete else None,
+        "model": model,
+        "output": [item.final for item in items],
+        "parallel_tool_calls": True,
+        "store": False,
+        "usage": _r_usage(input_tokens, output_tokens, cached_tokens, reasoning_tokens) if usage else None,
+    }
+
+
+def responses_stream(*items: RItem, terminal: bool = True, **options: Any) -> list[tuple[str | None, Any]]:
+    """The events of one streamed response, each named by its ``type`` and numbered by ``sequence_number``:
+    ``response.created``, ``response.in_progress``, per item ``output_item.added`` / its deltas /
+    ``output_item.done``, then ``response.completed`` (``response.incomplete`` for ``status="incomplete"``);
+    ``terminal=False`` leaves that last event out."""
+    whole = responses_body(*items, **options)
+    start = {**whole, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": start},
+        {"type": "response.in_progress", "response": start},
+    ]
+    for index, item in enumerate(items):
+        events.append({"type": "response.output_item.added", "output_index": index, "item": item.added})
+        events += [{**delta, "output_index": index} for delta in item.deltas]
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item.final})
+    if terminal:
+        kind = "response.incomplete" if whole["status"] == "incomplete" else "response.completed"
+        events.append({"type": kind, "response": whole})
+    return [(event["type"], {**event, "sequence_number": n}) for n, event in enumerate(events)]
+
+
+# --------------------------------------------------------------------------------------------------
 # The agent of the end-to-end and crash-resume tests (the same in the killed process and the test)
 
 
@@ -497,6 +675,10 @@ def make_model(provider: str, url: str) -> Any:
         from tether.models.anthropic import AnthropicModel
 
         return AnthropicModel("claude-x", base_url=url, api_key="k")
+    if provider == "openai-responses":
+        from tether.models.openai_responses import OpenAIResponsesModel
+
+        return OpenAIResponsesModel("o4-mini", base_url=url + "/v1", api_key="k")
     from tether.models.openai import OpenAIModel
 
     return OpenAIModel("gpt-x", base_url=url + "/v1", api_key="k")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tether import Agent, ModelReply, State, Store, ToolContext, tool
-from tether.budgets import Price, cost_of, price_for
+from tether.budgets import Price, PublishedPrice, cost_of, price_for, window_for
 from tether.testing import ScriptedModel, call
 
 
@@ -79,15 +79,78 @@ def test_max_cost_without_a_known_price_is_refused_when_the_agent_is_built() -> 
 
 
 def test_known_model_prices() -> None:
+    from genai_prices import Usage, calc_price
+
     sonnet = price_for("claude-sonnet-4-5")
     assert sonnet is not None and (sonnet.input, sonnet.output) == (3.0, 15.0)
-    assert price_for("claude-sonnet-4-5-20250929") == sonnet, "a dated name matches its prefix"
-    assert price_for("gpt-4.1-mini") != price_for("gpt-4.1"), "the longest prefix wins"
+    assert (sonnet.cache_read, sonnet.cache_write) == (0.3, 3.75)
+    assert price_for("claude-sonnet-4-5-20250929") == sonnet, "a dated name is the same model"
+    assert price_for("gpt-4.1-mini") != price_for("gpt-4.1")
     assert price_for("no-such-model") is None
+    assert price_for("llama3") is None, "another provider's list price is not a local server's"
+    # the price is genai-prices': Anthropic bills 1,000 uncached input tokens, 2,000 cache reads, 500 cache
+    # writes and 300 output tokens at 1000 x 3 + 2000 x 0.3 + 500 x 3.75 + 300 x 15 = $9,975 per million
+    usage = {
+        "input_tokens": 1000,
+        "cache_read_input_tokens": 2000,
+        "cache_creation_input_tokens": 500,
+        "output_tokens": 300,
+    }
+    # genai-prices counts input_tokens as all input, cache reads and writes included
+    published = calc_price(
+        Usage(input_tokens=3500, cache_read_tokens=2000, cache_write_tokens=500, output_tokens=300),
+        "claude-sonnet-4-5",
+        provider_id="anthropic",
+    )
+    assert cost_of(usage, sonnet) == pytest.approx(float(published.total_price)) == pytest.approx(0.009975)
     # a model tether knows needs no price= for max_cost
     agent = Agent(ScriptedModel([], name="claude-sonnet-4-5"), max_cost=5)
     assert agent.price == sonnet
     assert cost_of({"input_tokens": 1_000_000, "output_tokens": 1_000_000}, sonnet) == pytest.approx(18.0)
+
+
+def test_a_price_is_looked_up_only_when_a_cost_needs_it() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from tether import Agent; from tether.testing import ScriptedModel; "
+        "a = Agent(ScriptedModel([], name='claude-sonnet-4-5')); print('genai_prices' in sys.modules); "
+        "print(a.price.input, 'genai_prices' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "3.0", "True"]
+    lazy = Agent(ScriptedModel([], name="my-local-model")).price
+    assert isinstance(lazy, PublishedPrice) and not lazy.known and lazy.input == 0.0
+
+
+def test_an_inherited_max_cost_prices_a_subagent_that_has_none_of_its_own() -> None:
+    from tether import budgets
+
+    price = Agent(ScriptedModel([], name="gpt-4o-mini")).price
+    assert price is not None
+    usage = {"input_tokens": 1_000_000, "output_tokens": 0}
+    assert (
+        budgets.exceeded({"max_cost": 0.1}, 1, usage, price) == "max_cost: $0.1500 reached the limit of 0.1"
+    )
+
+
+def test_context_windows() -> None:
+    assert window_for("claude-sonnet-4-5") == 200_000
+    assert window_for("gpt-4o-mini") == 128_000
+    assert window_for("claude-x") == 200_000, "a name genai-prices does not know: the prefix table"
+    assert window_for("no-such-model") is None
+
+
+def test_max_tokens_counts_every_token_once(store: Store) -> None:
+    cached = ModelReply(
+        [{"type": "tool_call", "name": "ping", "args": {}, "provider_call_id": "t1"}],
+        "tool_use",
+        {"input_tokens": 100, "cache_read_input_tokens": 800, "output_tokens": 100},
+    )
+    model = ScriptedModel([cached, cached, cached])
+    state = Agent(model, name="budget", tools=[ping], store=store, max_tokens=1500).run("go")
+    assert state.status == "stopped" and len(model.requests) == 2  # 1,000 tokens a reply; 2,000 >= 1,500
 
 
 def test_totals_survive_resumes_and_the_resuming_agents_limits_apply(store: Store) -> None:

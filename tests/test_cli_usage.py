@@ -516,7 +516,7 @@ def test_show_prints_dates_and_the_zone_local_by_default(db: str, paris: None) -
 
 RUN_KEYS = {
     "id", "parent_id", "root_id", "agent", "status", "display_status", "turn", "first_message",
-    "created_at", "updated_at", "held_by",
+    "created_at", "updated_at", "held_by", "metadata",
 }  # fmt: skip
 SHOW_KEYS = RUN_KEYS | {
     "answer", "output", "reason", "usage", "next_step", "open_calls", "pending_approvals", "subagent_runs",

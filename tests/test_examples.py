@@ -93,3 +93,20 @@ def test_stream_yields_entries_and_text(workdir: Path) -> None:
     assert "tool_finished" in out.stdout
     assert out.stdout.rstrip().endswith("run_stopped")
     assert "text: 'It is cl'" in out.stdout
+
+
+def test_refund_app_starts_runs_per_request_idempotently_and_a_worker_finishes_them(workdir: Path) -> None:
+    out = run(workdir, "refund_app.py")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "POST /refunds o1: completed {'order': 'o1', 'refunded': 40}" in lines
+    assert "retried o1: refund-o1 completed refunds made: 1" in lines  # the same run, refunded once
+    assert "POST /refunds o2: waiting ['refund']" in lines  # above 100: a person decides
+    assert "submitted o3: submitted" in lines
+    assert (
+        "runs of u42: [{'id': 'refund-o1', 'status': 'completed'}, {'id': 'refund-o2', 'status': 'completed'}]"
+        in lines
+    )
+    assert "runs of u7: [{'id': 'refund-o3', 'status': 'completed'}]" in lines
+    assert "refund-o2: completed Refund order='o2' refunded=200" in lines  # the edited amount, typed
+    assert "refunds: [('o1', 40), ('o2', 200), ('o3', 30)]" in lines

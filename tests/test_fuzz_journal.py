@@ -194,12 +194,12 @@ def test_flipped_bytes_load_a_valid_prefix_or_are_refused(data: st.DataObject) -
 
 def test_a_flip_that_makes_a_newer_format_is_refused_as_newer() -> None:
     made = journal()
-    at = made.data.index(b'"version":1') + len(b'"version":')
+    at = made.data.index(b'"version":%d' % j.FORMAT_VERSION) + len(b'"version":')
     flipped = made.data[:at] + b"3" + made.data[at + 1 :]
     with damaged(flipped) as store, pytest.raises(NewerFormatError) as caught:
         store.load(RUN)
     assert str(caught.value).startswith(
-        f"run {RUN} seq 0 was written by format 3; this tether reads up to 1."
+        f"run {RUN} seq 0 was written by format 3; this tether reads up to {j.FORMAT_VERSION}."
     )
 
 

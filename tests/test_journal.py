@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from pathlib import Path
 
 import orjson
 import pytest
 
 from tether import journal as j
 from tether.errors import CorruptJournalError, NewerFormatError
+from tether.state import State
 
 RUN = "run-1"
 
@@ -171,3 +173,30 @@ def test_call_ids_and_keys() -> None:
     assert j.call_id_for(7, 1) == "c7_1"
     assert j.idempotency_key_for("r1", "c7_1") == "tether:r1:c7_1"
     assert re.fullmatch(r"[0-9a-f]{32}", j.new_writer_id())
+
+
+def test_a_format_1_journal_loads_and_what_this_tether_appends_is_marked_newer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tether import Agent, FileStore
+    from tether.testing import ScriptedModel
+    from tether.writing import JournalWriter
+
+    store = FileStore(tmp_path)
+    old = JournalWriter(State(id=RUN))  # entries as a format-1 tether wrote them: no v, no new fields
+    old.add(j.RunStarted, version=1, agent="agent", root_id=RUN)
+    old.state.apply(
+        j.MessageAdded(seq=1, at=j.now_iso(), role="user", content=[{"type": "text", "text": "hi"}])
+    )
+    store.create(RUN, old.next_batch(), old.state.info())
+    assert store.load(RUN).format_version == 1 and all(e.v is None for e in store.load(RUN).history)
+    done = Agent(ScriptedModel(["hello"]), store=store).resume(RUN)
+    assert done.status == "completed" and done.answer == "hello"
+    appended = store.read(RUN)[2:]
+    assert appended and all(e.v == j.FORMAT_VERSION == 2 for e in appended)
+    raws = (tmp_path / f"{RUN}.jsonl").read_bytes().splitlines()
+    monkeypatch.setattr(j, "FORMAT_VERSION", 1)  # an older tether reading the journal
+    with pytest.raises(
+        NewerFormatError, match=rf"run {RUN} seq 2 was written by format 2; this tether reads up to 1"
+    ):
+        j.decode_journal(RUN, [raw for raw in raws if b'"kind"' in raw])

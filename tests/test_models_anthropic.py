@@ -44,6 +44,7 @@ from tether.models._http_errors import (  # noqa: E402
     ContextTooLongError,
     InvalidResponseError,
     OverloadedError,
+    QuotaExceededError,
     RateLimitError,
     ServerError,
 )
@@ -231,6 +232,27 @@ def test_messages_alternate_and_tool_results_use_provider_call_ids(
             "is_error": True,
         },
         {"type": "text", "text": "and show your work", "cache_control": EPHEMERAL},
+    ]
+
+
+def test_another_providers_raw_items_are_left_out(server: ProviderServer, model: AnthropicModel) -> None:
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "x"}
+    messages = [
+        Message.user("hi"),
+        Message.assistant(
+            [
+                {"type": "provider", "provider": "openai-responses", "item": reasoning},
+                {"type": "thinking", "thinking": "mine", "signature": "SIG"},
+                {"type": "text", "text": "Hello."},
+            ]
+        ),
+        Message.user("again"),
+    ]
+    server.reply(sse(anthropic_stream(text_block("ok"))))
+    ask(model, messages)
+    assert server.bodies[0]["messages"][1]["content"] == [
+        {"type": "thinking", "thinking": "mine", "signature": "SIG"},
+        {"type": "text", "text": "Hello."},
     ]
 
 
@@ -468,6 +490,44 @@ def test_missing_and_repeated_tool_ids_are_made_up(server: ProviderServer, model
             False,
             None,
             "NotFoundError",
+        ),
+        (
+            anthropic_error(402, "billing_error", "Your account has a billing problem"),
+            QuotaExceededError,
+            False,
+            None,
+            "PaymentRequiredError",
+        ),
+        (
+            anthropic_error(
+                400,
+                "invalid_request_error",
+                "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing.",
+            ),
+            QuotaExceededError,
+            False,
+            None,
+            "BadRequestError",
+        ),
+        (
+            json_reply(
+                {
+                    "type": "error",
+                    "error": {
+                        "type": "rate_limit_error",
+                        "message": "You have reached your specified API usage limits.",
+                        "details": {"error_code": "enforced_spend_limit_reached"},
+                    },
+                },
+                429,
+            ),
+            QuotaExceededError,
+            False,
+            None,
+            # the SDK's class for this code where it has one (a RateLimitError)
+            "EnforcedSpendLimitReachedError"
+            if hasattr(anthropic, "EnforcedSpendLimitReachedError")
+            else "RateLimitError",
         ),
     ],
 )

@@ -34,6 +34,7 @@ from _provider_server import (  # noqa: E402
     sse,
 )
 from tether import FileStore, Message, State  # noqa: E402
+from tether.budgets import cost_of  # noqa: E402
 from tether.models import ModelReply, ModelRequest, resolve_model  # noqa: E402
 from tether.models._http_errors import (  # noqa: E402
     AuthenticationError,
@@ -42,6 +43,7 @@ from tether.models._http_errors import (  # noqa: E402
     ContextTooLongError,
     InvalidResponseError,
     OverloadedError,
+    QuotaExceededError,
     RateLimitError,
     ServerError,
 )
@@ -265,7 +267,11 @@ def test_text_deltas_reach_on_text_in_order(server: ProviderServer, model: OpenA
     assert reply == ModelReply(
         [{"type": "text", "text": "The answer is 5."}],
         "stop",
-        {"input_tokens": 12, "output_tokens": 7, "cache_read_input_tokens": 8},
+        {
+            "input_tokens": 4,
+            "output_tokens": 7,
+            "cache_read_input_tokens": 8,
+        },  # 12 prompt tokens, 8 of them cached
         "gpt-x-2025-01-01",
     )
 
@@ -370,6 +376,32 @@ def test_calls_without_index_are_told_apart_by_id(server: ProviderServer, model:
             RateLimitError,
             True,
             1.5,
+            "RateLimitError",
+        ),
+        (
+            openai_error(
+                429,
+                "You exceeded your current quota, please check your plan and billing details.",
+                "insufficient_quota",
+                "insufficient_quota",
+            ),
+            QuotaExceededError,
+            False,
+            None,
+            "RateLimitError",
+        ),
+        (
+            openai_error(429, "You exceeded your current quota.", "insufficient_quota", None),
+            QuotaExceededError,
+            False,
+            None,
+            "RateLimitError",
+        ),
+        (
+            openai_error(429, "No credit left.", "insufficient_quota", "credit_balance_exhausted"),
+            QuotaExceededError,
+            False,
+            None,
             "RateLimitError",
         ),
         (
@@ -491,6 +523,32 @@ def test_a_stream_ending_before_it_finished_is_retryable(server: ProviderServer,
     assert "finish_reason" in str(exc)
 
 
+def test_a_stream_ending_with_done_but_no_finish_reason_is_a_finished_reply(
+    server: ProviderServer, model: OpenAIModel
+) -> None:
+    # an OpenAI-compatible gateway: tool call deltas, the usage chunk, data: [DONE], and never a finish_reason
+    events = openai_stream(["Let me."], [("call_1", "add", ['{"a": 1,', ' "b": 2}'])], finish=False)
+    assert not any(isinstance(d, dict) and any(c["finish_reason"] for c in d["choices"]) for _, d in events)
+    server.reply(sse(events), sse(openai_stream(["Done."], finish=False)))
+    reply = ask(model)
+    assert reply.stop_reason == "tool_calls"  # inferred from what the reply holds
+    assert reply.content[1] == {
+        "type": "tool_call",
+        "name": "add",
+        "args": {"a": 1, "b": 2},
+        "provider_call_id": "call_1",
+    }
+    text = ask(model)
+    assert (text.stop_reason, text.content) == ("stop", [{"type": "text", "text": "Done."}])
+
+
+def test_a_stream_with_a_finish_reason_but_no_done_is_a_finished_reply(
+    server: ProviderServer, model: OpenAIModel
+) -> None:
+    server.reply(sse(openai_stream(["Hello"], done=False)))
+    assert ask(model).content == [{"type": "text", "text": "Hello"}]
+
+
 def test_no_server_is_a_retryable_connection_error() -> None:
     import socket
 
@@ -550,7 +608,9 @@ def test_resolve_model_strings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(ValueError, match="OPENAI_API_KEY is not set"):
         resolve_model("openai:gpt-x")
-    with pytest.raises(ValueError, match="Fix: use 'anthropic:<model>' or 'openai:<model>'"):
+    with pytest.raises(
+        ValueError, match="Fix: use 'anthropic:<model>', 'openai:<model>' or 'openai-responses:<model>'"
+    ):
         resolve_model("openai")
 
 
@@ -639,6 +699,73 @@ def test_agent_stops_failed_on_an_auth_error(
     assert kinds(state)[-2:] == ["model_failed", "run_stopped"]
     assert getattr(state.history[-2], "retryable", None) is False
     assert state.status == "failed" and len(server.requests) == 1
+
+
+def test_agent_runs_the_tool_of_a_stream_without_finish_reason_once(
+    server: ProviderServer, model: OpenAIModel, tmp_path: Path
+) -> None:
+    server.reply(
+        sse(openai_stream([], [("call_abc", "add", ['{"a": 2', ', "b": 3}'])], finish=False)),
+        sse(openai_stream(["2 + 3 = 5."], finish=False)),
+    )
+    state = calc_agent(model, FileStore(tmp_path / "runs"), tmp_path / "side").run("What is 2 + 3?")
+    assert state.status == "completed" and state.answer == "2 + 3 = 5."
+    assert "model_failed" not in kinds(state) and len(server.requests) == 2
+    assert [(r["a"], r["b"]) for r in ExecutionLog(tmp_path / "side").records()] == [(2, 3)]
+
+
+def test_agent_stops_at_once_on_an_exhausted_quota(
+    server: ProviderServer, model: OpenAIModel, tmp_path: Path
+) -> None:
+    server.reply(
+        openai_error(
+            429,
+            "You exceeded your current quota, please check your plan and billing details.",
+            "insufficient_quota",
+            "insufficient_quota",
+        ),
+        answer(),  # never asked
+    )
+    store = FileStore(tmp_path / "runs")
+    with pytest.raises(QuotaExceededError) as info:
+        calc_agent(model, store, tmp_path / "side").run("hi", id="quota")
+    message = str(info.value)
+    assert "Fix: add credits" in message and "another API key" in message and "does not retry" in message
+    assert "tether retries" not in message
+    assert isinstance(info.value.__cause__, openai.RateLimitError)
+    state = store.load("quota")
+    assert kinds(state)[-2:] == ["model_failed", "run_stopped"]
+    assert getattr(state.history[-2], "retryable", None) is False
+    assert state.status == "failed" and len(server.requests) == 1
+
+
+def test_cached_tokens_are_charged_once_as_openai_bills_them(server: ProviderServer, tmp_path: Path) -> None:
+    from genai_prices import Usage, calc_price
+
+    # each request: 2,000 prompt tokens of which 1,500 were read from the cache, 100 completion tokens
+    def turn(*args: Any) -> Reply:
+        return sse(openai_stream(*args, prompt_tokens=2000, completion_tokens=100, cached_tokens=1500))
+
+    server.reply(turn([], [("call_abc", "add", ['{"a": 2, "b": 3}'])]), turn(["5."]))
+    model = OpenAIModel("gpt-4o-mini", base_url=server.url + "/v1", api_key="k")
+    # gpt-4o-mini at $0.15 (input), $0.075 (cached input) and $0.60 (output) per million tokens. OpenAI bills a
+    # request 500 x 0.15 + 1,500 x 0.075 + 100 x 0.60 = 75 + 112.5 + 60 = $247.5 per million = $0.0002475;
+    # charging the cached tokens twice (as input and as cache reads) made it $0.0004725. With max_cost
+    # $0.0003 the second request must still be asked ($0.0002475 spent), which the double count refused.
+    agent = calc_agent(model, FileStore(tmp_path / "runs"), tmp_path / "side", max_cost=0.0003)
+    state = agent.run("What is 2 + 3?")
+    assert state.status == "completed" and len(server.requests) == 2
+    assert state.usage == {"input_tokens": 1000, "output_tokens": 200, "cache_read_input_tokens": 3000}
+    published = calc_price(
+        Usage(input_tokens=2000, cache_read_tokens=1500, output_tokens=100),
+        "gpt-4o-mini",
+        provider_id="openai",
+    )
+    price = agent.price
+    assert price is not None
+    assert (price.input, price.cache_read, price.output) == (0.15, 0.075, 0.6)
+    assert cost_of(state.usage, price) == pytest.approx(2 * float(published.total_price))
+    assert cost_of(state.usage, price) == pytest.approx(2 * 0.0002475)
 
 
 def test_crash_and_resume_sends_the_journaled_results(

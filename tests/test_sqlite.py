@@ -373,7 +373,7 @@ def test_a_schema_1_file_is_migrated_and_keeps_its_runs(tmp_path: Path) -> None:
     conn.close()
     store = SQLiteStore(path)
     conn = store._conn()
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     columns = [row[2] for row in conn.execute("PRAGMA index_info(runs_parent)")]
     assert columns == ["parent_id", "updated_at", "id"]
     assert [i.id for i in store.list(root_id="root")] == ["kid", "root"]

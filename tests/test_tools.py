@@ -421,6 +421,8 @@ def test_tool_context_is_frozen_and_slotted() -> None:
         "attempt",
         "idempotency_key",
         "tool",
+        "deps",
+        "metadata",
     ]
 
 

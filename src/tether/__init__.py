@@ -29,6 +29,7 @@ from .permissions import Rule, allow, ask, deny
 from .state import OpenCall, PendingApproval, State
 from .stores import Lease, MemoryStore, Owner, RunInfo, Store, open_store
 from .tools import Tool, ToolContext, ToolInputError, tool
+from .tracing import InstrumentSettings, instrument
 
 if TYPE_CHECKING:
     from .stores.files.store import FileStore
@@ -47,6 +48,7 @@ __all__ = [
     "Human",
     "HumanDecision",
     "InboxItem",
+    "InstrumentSettings",
     "Lease",
     "LeaseLostError",
     "MemoryStore",
@@ -81,6 +83,7 @@ __all__ = [
     "ask",
     "deny",
     "handle_sigterm",
+    "instrument",
     "open_store",
     "tool",
 ]

@@ -7,12 +7,19 @@ can have no effect becomes ``inbox_skipped`` with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from . import journal as j
 from .inbox import InboxItem
 from .messages import text_block as _text
 from .writing import JournalWriter
 
-__all__ = ["close_denied", "close_open_calls", "consume", "skip_all"]
+__all__ = ["ArgsCheck", "close_denied", "close_invalid_edit", "close_open_calls", "consume", "skip_all"]
+
+ArgsCheck = Callable[[str, Any], "str | None"]
+"""Checks a person's edited arguments for a tool (``(tool name, args)``): None when valid, else the
+validation message the model sees. Only a taker that has the agent can check (DESIGN 18)."""
 
 
 def skip_all(writer: JournalWriter, items: list[InboxItem], reason: str) -> list[j.Entry]:
@@ -21,13 +28,17 @@ def skip_all(writer: JournalWriter, items: list[InboxItem], reason: str) -> list
     return [_skip(writer, item, reason) for item in items if item.inbox_seq > writer.state.inbox_consumed]
 
 
-def consume(writer: JournalWriter, items: list[InboxItem]) -> list[j.Entry]:
+def consume(
+    writer: JournalWriter, items: list[InboxItem], check_args: ArgsCheck | None = None
+) -> list[j.Entry]:
     """Journal (add through ``writer``) every item not consumed yet, in inbox order, and return the entries.
 
     A decision is journaled as ``approval_decided`` alone when approved (the driver starts the call, or
-    recovery does later), with ``tool_finished(denied)`` when denied. A message is journaled as it is. A
-    cancel closes every open call and stops the run ``cancelled``. Items with no effect become
-    ``inbox_skipped`` with the reason.
+    recovery does later), with ``tool_finished(denied)`` when denied. An approval with edited arguments
+    records them; with ``check_args`` (a driver, which knows the tool) they are validated at once and
+    invalid ones close the call ``input_error`` with the validation message (without it, the driver that
+    starts the call validates them). A message is journaled as it is. A cancel closes every open call and
+    stops the run ``cancelled``. Items with no effect become ``inbox_skipped`` with the reason.
     """
     state = writer.state
     queued: list[j.Entry] = []
@@ -38,7 +49,7 @@ def consume(writer: JournalWriter, items: list[InboxItem]) -> list[j.Entry]:
         if item.run_h is not None and run_h is not None and item.run_h != run_h:
             queued.append(_skip(writer, item, "posted to an earlier run with this id"))
         elif item.type == "decision":
-            queued.extend(_decision(writer, item))
+            queued.extend(_decision(writer, item, check_args))
         elif item.type == "message":
             queued.append(_message(writer, item))
         else:
@@ -50,7 +61,7 @@ def _skip(writer: JournalWriter, item: InboxItem, reason: str) -> j.Entry:
     return writer.add(j.InboxSkipped, inbox_seq=item.inbox_seq, item_id=item.item_id, reason=reason)
 
 
-def _decision(writer: JournalWriter, item: InboxItem) -> list[j.Entry]:
+def _decision(writer: JournalWriter, item: InboxItem, check_args: ArgsCheck | None) -> list[j.Entry]:
     state, body = writer.state, item.body
     call_id = str(body.get("call_id", ""))
     call = state.call(call_id)
@@ -72,6 +83,7 @@ def _decision(writer: JournalWriter, item: InboxItem) -> list[j.Entry]:
         return [_skip(writer, item, why)]
     approved = bool(body.get("approved"))
     by, reason = body.get("by"), body.get("reason")
+    args = body.get("args") if approved and round_ == 0 else None  # edits apply to a rule's round only
     out = [
         writer.add(
             j.ApprovalDecided,
@@ -81,11 +93,24 @@ def _decision(writer: JournalWriter, item: InboxItem) -> list[j.Entry]:
             by=by,
             reason=reason,
             inbox_seq=item.inbox_seq,
+            args=args,
         )
     ]
     if not approved:
         out.append(close_denied(writer, call_id, round_, by, reason))
+    elif args is not None and check_args is not None:
+        out.extend(close_invalid_edit(writer, call_id, call.tool, args, check_args))
     return out
+
+
+def close_invalid_edit(
+    writer: JournalWriter, call_id: str, tool: str, args: Any, check_args: ArgsCheck
+) -> list[j.Entry]:
+    """Close a call approved with edited arguments that do not validate: ``input_error`` with the message."""
+    problem = check_args(tool, args)
+    if problem is None:
+        return []
+    return [writer.add(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(problem)])]
 
 
 def close_denied(

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Generic, Literal, overload
 
 import orjson
 
 from . import budgets
+from . import journal as j
 from ._run import taking
 from ._run.agent_spec import OnUnknown
 from ._run.drive import Drive
@@ -27,14 +29,18 @@ from .permissions import Decision, Rule, decide
 from .state import State
 from .stores.base import Lease, Store
 from .stores.memory import MemoryStore
-from .tools import Tool
+from .tools import ApprovalCondition, DepsT, Tool
 from .tools import tool as make_tool
+from .tracing import InstrumentSettings, check_setting
 from .writing import JournalWriter
 
-__all__ = ["Agent", "handle_sigterm"]
+__all__ = ["Agent", "IfExists", "handle_sigterm"]
+
+IfExists = Literal["error", "resume"]
+"""What ``agent.run(prompt, id=X)`` does when run X exists: refuse it (ValueError), or resume it."""
 
 
-class Agent:
+class Agent(Generic[DepsT]):
     """A model, its instructions and tools, and where runs are kept.
 
     Args:
@@ -66,10 +72,20 @@ class Agent:
         compact_at: compact automatically before a request once the context is estimated at this fraction
             of the model's window (the provider's last count plus an estimate of what was added since).
         context_window: the model's context window in tokens, when tether does not know it.
+        instrument: trace this agent's runs with OpenTelemetry (``tether.tracing``): True uses the global
+            tracer provider, ``InstrumentSettings(...)`` chooses the provider and whether content is
+            recorded, False never traces; None (the default) follows ``tether.instrument()``.
+        deps_type: the type of the ``deps`` each driving call passes (``ctx.deps`` in tools), for type
+            checkers: ``Agent(..., deps_type=Deps)`` is an ``Agent[Deps]``. Nothing checks it at run time.
+
+    Attributes:
+        tools: the agent's tools by name (a read-only mapping; subagents included). Add one with
+            ``@agent.tool``.
     """
 
     name: str
     description: str | None
+    tools: Mapping[str, Tool]
 
     def __init__(
         self,
@@ -98,20 +114,22 @@ class Agent:
         output_retries: int = 2,
         compact_at: float | None = None,
         context_window: int | None = None,
+        instrument: bool | InstrumentSettings | None = None,
+        deps_type: type[DepsT] | None = None,
     ) -> None:
         self.model = resolve_model(model)
         self.instructions = instructions
-        self.tools: dict[str, Tool] = {}
-        self.subagents: dict[str, Agent] = {}
+        self.deps_type = deps_type
+        self._tools: dict[str, Tool] = {}
+        self.tools = MappingProxyType(self._tools)
+        self.subagents: dict[str, Agent[Any]] = {}
+        self._schemas: list[dict[str, Any]] = []
         for item in tools:
             if isinstance(item, Agent):
-                made = subagent_tool(item)
+                self._register(subagent_tool(item))
                 self.subagents[item.name] = item
             else:
-                made = item if isinstance(item, Tool) else make_tool(item)
-            if made.name in self.tools:
-                raise ValueError(f"two tools are named {made.name}. Fix: give one of them another name=")
-            self.tools[made.name] = made
+                self._register(item if isinstance(item, Tool) else make_tool(item))
         if store is not None and not isinstance(store, Store):
             raise TypeError(
                 f"store {store!r} is not a tether Store. Fix: pass FileStore(path), open_store(url), ..."
@@ -125,7 +143,7 @@ class Agent:
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.max_cost = max_cost
-        self.price = price if price is not None else budgets.price_for(self.model.name)
+        self.price = price if price is not None else budgets.price_for(self.model.name, lazy=max_cost is None)
         if max_cost is not None and self.price is None:
             raise ValueError(
                 f"no price for model {self.model.name}. Fix: pass price=Price(input=..., output=...) (US dollars "
@@ -154,7 +172,7 @@ class Agent:
         window = (
             context_window
             or getattr(self.model, "context_window", None)
-            or budgets.window_for(self.model.name)
+            or (budgets.window_for(self.model.name) if compact_at is not None else None)
         )
         if compact_at is not None and not 0 < compact_at <= 1:
             raise ValueError(
@@ -166,17 +184,82 @@ class Agent:
             )
         self.compact_at = compact_at
         self.context_window = int(window or 0)
-        self._schemas = [t.schema for t in self.tools.values()]
+        self.instrument = check_setting(instrument)
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model.name!r}, tools={list(self.tools)})"
 
     # ----------------------------------------------------------------------------------------------
-    # What the driver asks of its agent
+    # Tools
 
-    def tool(self, name: str) -> Tool | None:
-        """The tool called ``name``, if this agent has it."""
-        return self.tools.get(name)
+    @overload
+    def tool(self, fn: Callable[..., Any], /) -> Tool: ...
+
+    @overload
+    def tool(
+        self,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        effect: Literal["read_only", "idempotent", "unsafe"] = "unsafe",
+        approval: bool | ApprovalCondition = False,
+        timeout: float | None = None,
+        max_attempts: int = 3,
+    ) -> Callable[[Callable[..., Any]], Tool]: ...
+
+    def tool(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        effect: Literal["read_only", "idempotent", "unsafe"] = "unsafe",
+        approval: bool | ApprovalCondition = False,
+        timeout: float | None = None,
+        max_attempts: int = 3,
+    ) -> Tool | Callable[[Callable[..., Any]], Tool]:
+        """Register a function as a tool of this agent: ``@agent.tool`` or ``@agent.tool(effect=...)``.
+
+        Takes the options of ``tether.tool`` and returns the Tool (still callable like the function).
+
+        Raises:
+            TypeError: what is decorated is not a function (e.g. ``@agent.tool("name")``).
+            ValueError: an invalid option, or the agent already has a tool of that name.
+        """
+        if fn is not None and (isinstance(fn, str) or not callable(fn)):
+            raise TypeError(
+                f"agent.tool got {fn!r}, not a function. Fix: decorate a def with @agent.tool, or pass "
+                "options by keyword: @agent.tool(name=..., effect=...)"
+            )
+        decorate = make_tool(  # checks the effect now, not when a function comes
+            name=name,
+            description=description,
+            effect=effect,
+            approval=approval,
+            timeout=timeout,
+            max_attempts=max_attempts,
+        )
+
+        def register(target: Callable[..., Any]) -> Tool:
+            if isinstance(target, str) or not callable(target):
+                raise TypeError(f"@agent.tool(...) decorates a function, not {target!r}. Fix: decorate a def")
+            return self._register(decorate(target))
+
+        if isinstance(fn, Tool):  # a Tool made by @tool keeps its options
+            return self._register(fn)
+        return register if fn is None else register(fn)
+
+    def _register(self, made: Tool) -> Tool:
+        if made.name in self._tools:
+            raise ValueError(f"two tools are named {made.name}. Fix: give one of them another name=")
+        self._tools[made.name] = made
+        self._schemas = [t.schema for t in self._tools.values()]
+        return made
+
+    # ----------------------------------------------------------------------------------------------
+    # What the driver asks of its agent
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The tool schemas the model is shown."""
@@ -187,9 +270,9 @@ class Agent:
         known = ", ".join(self.tools) or "none"
         return f"tool {name} is not in this agent. Fix: call one of: {known}"
 
-    def permission_for(self, tool: Tool) -> tuple[Decision, str]:
-        """The decision for a call of ``tool`` under this agent's rules."""
-        return decide(tool, self.permissions, self.default_permission)
+    def permission_for(self, tool: Tool, args: dict[str, Any]) -> tuple[Decision, str]:
+        """The decision for a call of ``tool`` with validated ``args`` under this agent's rules."""
+        return decide(tool, self.permissions, self.default_permission, args)
 
     def fingerprint(self) -> dict[str, Any]:
         """The model name and hashes of the instructions and tool schemas, recorded in ``run_started``."""
@@ -226,36 +309,73 @@ class Agent:
     # ----------------------------------------------------------------------------------------------
     # Driving
 
-    def run(self, prompt: str | Message | State, *, id: str | None = None, output_type: Any = None) -> State:
+    def run(
+        self,
+        prompt: str | Message | State,
+        *,
+        id: str | None = None,
+        output_type: Any = None,
+        deps: DepsT | None = None,
+        metadata: dict[str, str] | None = None,
+        if_exists: IfExists = "error",
+    ) -> State:
         """Start a run (or continue a State) and drive it to its next stop. See ``arun``."""
-        return run_sync(lambda: self.arun(prompt, id=id, output_type=output_type), "run")
+        return run_sync(
+            lambda: self.arun(
+                prompt, id=id, output_type=output_type, deps=deps, metadata=metadata, if_exists=if_exists
+            ),
+            "run",
+        )
 
-    def resume(self, run_id: str) -> State:
+    def resume(self, run_id: str, *, deps: DepsT | None = None) -> State:
         """Continue a run from its journal. See ``aresume``."""
-        return run_sync(lambda: self.aresume(run_id), "resume")
+        return run_sync(lambda: self.aresume(run_id, deps=deps), "resume")
 
     async def arun(
-        self, prompt: str | Message | State, *, id: str | None = None, output_type: Any = None
+        self,
+        prompt: str | Message | State,
+        *,
+        id: str | None = None,
+        output_type: Any = None,
+        deps: DepsT | None = None,
+        metadata: dict[str, str] | None = None,
+        if_exists: IfExists = "error",
     ) -> State:
         """Start a run from a prompt, or drive a State, to its next stop.
 
         A prompt creates a new run (an existing ``id`` is refused with ValueError before any model
-        request). A State not yet in the store is created; a State loaded from the store is driven after
-        its changes (``add_message``, ``approve``, ``deny``) are journaled.
+        request, unless ``if_exists="resume"``). A State not yet in the store is created; a State loaded
+        from the store is driven after its changes (``add_message``, ``approve``, ``deny``) are journaled.
+
+        Args:
+            prompt: the first user message (text or a Message), or a State.
+            id: the new run's id (default: a new time-ordered id).
+            output_type: the type of ``state.output`` for this run (default: the agent's).
+            deps: this drive's dependencies (a database session, the current user): tools read them as
+                ``ctx.deps``, a subagent's tools too. Never journaled: pass them again to ``resume``.
+            metadata: string keys and values (at most 64 pairs, 4 KB) journaled in ``run_started``,
+                inherited by subagents, listed in ``RunInfo.metadata`` and filtered by
+                ``store.list(metadata=...)``; tools read them as ``ctx.metadata``.
+            if_exists: ``"resume"`` makes the start idempotent: run ``id`` is created when it does not
+                exist, resumed when it began with this prompt (a finished run is returned as it is), and
+                refused (ValueError, naming both messages) when it began with another. A run another
+                process drives is waited for. Two processes racing on one id end with one run.
 
         Raises:
-            ValueError: the id exists; the State belongs to another store or agent.
+            ValueError: the id exists (``if_exists="error"``), or began with another prompt; the State
+                belongs to another store or agent; bad metadata.
             RunBusyError: another process drives the run.
             ConflictError: the State is stale (another process appended since it was loaded).
         """
         output = output_spec(output_type) if output_type is not None else None
-        store, journal, lease = await self._take_for_run(prompt, id, output)
-        return await Drive(self, store, journal, lease, output=output).run()
+        store, journal, lease, _ = await self._take_for_run(prompt, id, output, metadata, if_exists)
+        return await Drive(self, store, journal, lease, output=output, deps=deps).run()
 
-    async def aresume(self, run_id: str) -> State:
+    async def aresume(self, run_id: str, *, deps: DepsT | None = None) -> State:
         """Continue a run from its journal, in any process: finished tools never run again.
 
         A completed or cancelled run is returned as it is (nothing written) unless its inbox holds items.
+        ``deps`` are this drive's dependencies (``ctx.deps``); the journal never holds them.
 
         Raises:
             ValueError: no store, a run of another agent, or a subagent run (resume its root).
@@ -263,7 +383,7 @@ class Agent:
         """
         store = self._require_store("resume")
         journal, lease = await taking.take_existing(self, store, run_id)
-        return await Drive(self, store, journal, lease).run()
+        return await Drive(self, store, journal, lease, deps=deps).run()
 
     def compact(self, run: str | State) -> State:
         """Summarize a run's conversation so far and journal ``compacted``. See ``acompact``."""
@@ -283,30 +403,37 @@ class Agent:
             store.catch_up(run)
         return state
 
-    async def adrive(self, store: Store, lease: Lease) -> State:
+    async def adrive(self, store: Store, lease: Lease, *, deps: DepsT | None = None) -> State:
         """Drive a run this process already holds (a Worker's ``claim_next``), then release it.
 
         The lease's owner writer id is the writer of what the drive appends. On a wrong agent or a subagent
         run the lease is abandoned and ValueError raised.
         """
         journal = await taking.take_held(self, store, lease)
-        return await Drive(self, store, journal, lease).run()
+        return await Drive(self, store, journal, lease, deps=deps).run()
 
     async def stream(
-        self, prompt: str | Message | State, *, id: str | None = None, output_type: Any = None
+        self,
+        prompt: str | Message | State,
+        *,
+        id: str | None = None,
+        output_type: Any = None,
+        deps: DepsT | None = None,
+        metadata: dict[str, str] | None = None,
+        if_exists: IfExists = "error",
     ) -> AsyncIterator[Event]:
         """Drive a run and yield its events: each entry after its append returned, and text deltas.
 
-        A consumer that stops iterating cancels the run as Ctrl+C does (it stays resumable).
+        The arguments are ``arun``'s. A consumer that stops iterating cancels the run as Ctrl+C does (it
+        stays resumable).
         """
         output = output_spec(output_type) if output_type is not None else None
-        created = not (isinstance(prompt, State) and prompt.history)
-        store, journal, lease = await self._take_for_run(prompt, id, output)
+        store, journal, lease, created = await self._take_for_run(prompt, id, output, metadata, if_exists)
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
         if created:  # the entries that created the run were appended before the drive: yield them first
             for entry in journal.state.history:
                 queue.put_nowait(EntryEvent(entry))
-        drive = Drive(self, store, journal, lease, emit=queue.put_nowait, output=output)
+        drive = Drive(self, store, journal, lease, emit=queue.put_nowait, output=output, deps=deps)
         task = asyncio.ensure_future(drive.run())
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
@@ -322,10 +449,18 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    def submit(self, prompt: str | Message, *, id: str | None = None) -> State:
-        """Create a run that no process drives yet (a worker or ``resume`` picks it up)."""
+    def submit(
+        self, prompt: str | Message, *, id: str | None = None, metadata: dict[str, str] | None = None
+    ) -> State:
+        """Create a run that no process drives yet (a worker or ``resume`` picks it up).
+
+        ``metadata`` is journaled as ``arun``'s is.
+
+        Raises:
+            ValueError: no store, the id exists, or bad metadata.
+        """
         store = self._require_store("submit")
-        journal = taking.new_run(self, prompt, id, None)
+        journal = taking.new_run(self, prompt, id, None, metadata=j.validate_metadata(metadata))
         state = journal.state
         store.create(state.id, journal.next_batch(), state.info())
         state.store_identity = store.identity
@@ -342,16 +477,38 @@ class Agent:
         return self.store
 
     async def _take_for_run(
-        self, prompt: str | Message | State, run_id: str | None, output: OutputSpec | None
-    ) -> tuple[Store, JournalWriter, Lease]:
+        self,
+        prompt: str | Message | State,
+        run_id: str | None,
+        output: OutputSpec | None,
+        metadata: dict[str, str] | None,
+        if_exists: IfExists,
+    ) -> tuple[Store, JournalWriter, Lease, bool]:
+        """Take the run a driving call names; the last value says whether this call created it."""
         store = self.store if self.store is not None else MemoryStore()
+        meta = j.validate_metadata(metadata) if metadata is not None else None
+        if if_exists not in ("error", "resume"):
+            raise ValueError(f"if_exists={if_exists!r} is not known. Fix: pass 'error' or 'resume'")
         if isinstance(prompt, State) and prompt.history:
             if run_id is not None and run_id != prompt.id:
                 raise ValueError(f"id={run_id!r} differs from the State's id {prompt.id!r}. Fix: drop id=")
+            if meta is not None:
+                raise ValueError(
+                    f"run {prompt.id} exists; metadata is set when a run is created. Fix: drop metadata="
+                )
             journal, lease = await taking.take_state(self, store, prompt)
-        else:
-            journal, lease = await taking.take_new(self, store, prompt, run_id, output)
-        return store, journal, lease
+            return store, journal, lease, False
+        if if_exists == "resume":
+            if run_id is None or isinstance(prompt, State):
+                raise ValueError(
+                    "if_exists='resume' needs a prompt and the run's id. Fix: agent.run(prompt, "
+                    "id='order-42', if_exists='resume')"
+                )
+            j.validate_run_id(run_id)
+            journal, lease, created = await taking.take_or_resume(self, store, prompt, run_id, output, meta)
+            return store, journal, lease, created
+        journal, lease = await taking.take_new(self, store, prompt, run_id, output, meta)
+        return store, journal, lease, True
 
     def lease_ttl_for(self, store: Store) -> float | None:
         """The lease length this agent takes runs of ``store`` for (None: the store's lease is a lock)."""

@@ -27,6 +27,8 @@ __all__ = [
     "EFFECTS",
     "FINAL_STATUSES",
     "FORMAT_VERSION",
+    "MAX_METADATA_BYTES",
+    "MAX_METADATA_PAIRS",
     "OUTCOMES",
     "RETRY_EFFECTS",
     "STOP_STATUSES",
@@ -62,11 +64,17 @@ __all__ = [
     "new_writer_id",
     "now_iso",
     "seal",
+    "validate_metadata",
     "validate_run_id",
 ]
 
-FORMAT_VERSION = 1
-"""The journal format this tether writes; it reads this one and every older one."""
+FORMAT_VERSION = 2
+"""The journal format this tether writes; it reads this one and every older one.
+
+Format 2 added optional fields: ``run_started.metadata`` and ``traceparent``, ``approval_decided.args``. A
+format-1 journal reads unchanged; what this tether appends to one carries ``v`` 2, so an older tether
+refuses the journal as newer instead of failing on a field it does not know.
+"""
 
 # --------------------------------------------------------------------------------------------------
 # Vocabulary: the one definition of each set of words the journal records
@@ -103,6 +111,49 @@ def validate_run_id(run_id: object) -> str:
             f"run id {run_id!r} is not valid. Fix: use 1 to 128 characters from A-Z, a-z, 0-9, _ and -"
         )
     return run_id
+
+
+MAX_METADATA_PAIRS = 64
+"""At most this many metadata pairs per run (DESIGN 18)."""
+
+MAX_METADATA_BYTES = 4096
+"""At most this many bytes of metadata per run: the UTF-8 of every key and value, added up."""
+
+
+def validate_metadata(metadata: object) -> dict[str, str]:
+    """A copy of ``metadata`` if it is valid run metadata (string keys and values, 64 pairs, 4 KB), else raise.
+
+    Raises:
+        TypeError: not a dict of strings to strings.
+        ValueError: an empty key, too many pairs, or too many bytes.
+    """
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise TypeError(
+            f"metadata must be a dict of strings to strings, got {type(metadata).__name__}. "
+            'Fix: pass metadata={"user": "u42"}'
+        )
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(
+                f"metadata {key!r}: {value!r} is not a string to a string. Fix: convert keys and values with "
+                "str(), e.g. {'order': str(order_id)}"
+            )
+        if not key:
+            raise ValueError("metadata has an empty key. Fix: give every value a non-empty key")
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ValueError(
+            f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed. Fix: keep the "
+            "keys you filter or group runs by, and put the rest in the prompt or your own database"
+        )
+    size = sum(len(key.encode()) + len(value.encode()) for key, value in metadata.items())
+    if size > MAX_METADATA_BYTES:
+        raise ValueError(
+            f"metadata holds {size} bytes; at most {MAX_METADATA_BYTES} are allowed. Fix: keep ids and short "
+            "labels in metadata, and larger data in your own database"
+        )
+    return dict(metadata)
 
 
 def new_run_id() -> str:
@@ -171,6 +222,8 @@ class RunStarted(Entry):
     output_type: str | None = None
     forked_from: dict[str, Any] | None = None
     submitted: bool = False
+    traceparent: str | None = None  # the run's W3C trace context (DESIGN 15); None when it was not traced
+    metadata: dict[str, str] | None = None  # the run's metadata (DESIGN 18); None in older journals
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,6 +301,7 @@ class ApprovalDecided(Entry):
     by: str | None = None
     reason: str | None = None
     inbox_seq: int | None = None
+    args: dict[str, Any] | None = None  # the arguments a person approved the call with, when edited
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -420,8 +474,8 @@ def encode_entry(entry: Entry) -> bytes:
 
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
-_MIGRATIONS: dict[int, Migration] = {}
-"""Upgrades of an entry's JSON from format ``n`` to ``n + 1``, keyed by ``n``; empty while only format 1 exists."""
+_MIGRATIONS: dict[int, Migration] = {1: lambda obj: obj}  # format 2 only added optional fields
+"""Upgrades of an entry's JSON from format ``n`` to ``n + 1``, keyed by ``n``."""
 
 
 def decode_entry(

@@ -113,9 +113,22 @@ def imported_type(type_path: str) -> Any:
     return target
 
 
-def typed_output(type_path: str | None, value: Any) -> Any:
-    """The journaled output as its type, when that type's module is already imported; else as JSON."""
-    if type_path is None or value is None:
+def typed_output(type_path: str | None, value: Any, spec: OutputSpec | None = None) -> Any:
+    """The journaled output as a typed value; else as JSON.
+
+    With ``spec`` (the driving agent's output type) the value is validated as that type whatever the
+    journal names (a run started from a script's ``__main__`` or a file loaded by ``tether run`` names a
+    module no other process has). Otherwise the type the journal names is used, only when its module is
+    already imported.
+    """
+    if value is None:
+        return value
+    if spec is not None:
+        try:
+            return spec.adapter.validate_python(value)
+        except Exception:  # another type than the run's: the journal's own may still fit
+            pass
+    if type_path is None:
         return value
     target = imported_type(type_path)
     if target is None:

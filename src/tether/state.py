@@ -14,7 +14,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import journal as j
-from ._calls import ABORTED_UNKNOWN, CallRecord, DecisionRecord, OpenCall, PendingApproval
+from ._calls import (
+    ABORTED_UNKNOWN,
+    CallRecord,
+    DecisionRecord,
+    OpenCall,
+    PendingApproval,
+    decision_body,
+    edited_args,
+    edited_note,
+)
 from .errors import CorruptJournalError
 from .journal import Status
 from .messages import Message, MessagesView
@@ -49,6 +58,7 @@ class State:
         self.parent_id: str | None = None
         self.root_id: str | None = None
         self.parent_call_id: str | None = None
+        self.metadata: dict[str, str] = {}  # run_started's metadata (DESIGN 18)
         self.turn = 0
         self.usage: dict[str, int] = {}
         self.requests = 0  # model_replied + model_failed + compacted: the next request's index
@@ -65,7 +75,11 @@ class State:
         self._last_tokens = 0  # the provider's count of the last request's input and output
         self._chars_since = 0  # characters added since that reply
         self._typed_output: tuple[j.RunStopped, Any] | None = None
-        self._stopped_seq = -1
+        self._output_spec: Any = None  # the driving agent's OutputSpec, which types the output (DESIGN 18)
+        self.stopped_seq = -1
+        """The seq of the ``run_stopped`` in force, or -1 (a later entry that reopens the run resets it)."""
+        self.format_version = j.FORMAT_VERSION
+        """The journal's format (its ``run_started.version``); a writer marks newer entries with ``v``."""
         self._calls: dict[str, CallRecord] = {}
         self._open: dict[str, CallRecord] = {}  # calls without tool_finished, in call order
         self._reply_calls: list[str] = []  # the calls of the last reply, for ordering results
@@ -108,11 +122,15 @@ class State:
         if self._stopped.output is None:
             return self._stopped.answer
         if self._typed_output is None or self._typed_output[0] is not self._stopped:
-            self._typed_output = (
-                self._stopped,
-                typed_output(self._stopped.output_type, self._stopped.output),
-            )
+            value = typed_output(self._stopped.output_type, self._stopped.output, self._output_spec)
+            self._typed_output = (self._stopped, value)
         return self._typed_output[1]
+
+    def type_output_with(self, spec: Any) -> None:
+        """Type ``output`` with ``spec`` (an ``OutputSpec``; the driver passes its agent's), whatever the
+        journal names; None goes back to the journal's type, when its module is imported."""
+        self._output_spec = spec
+        self._typed_output = None
 
     @property
     def reason(self) -> str | None:
@@ -192,10 +210,24 @@ class State:
         self._local.append(self._item("message", {"role": msg.role, "content": list(msg.content)}))
 
     def approve(
-        self, call_id: str, *, by: str | None = None, reason: str | None = None, run_id: str | None = None
+        self,
+        call_id: str,
+        *,
+        by: str | None = None,
+        reason: str | None = None,
+        run_id: str | None = None,
+        args: dict[str, Any] | None = None,
     ) -> None:
-        """Approve a pending call; ``store.save(state)`` or a driver journals the decision."""
-        self._decide(call_id, True, by, reason, run_id)
+        """Approve a pending call; ``store.save(state)`` or a driver journals the decision.
+
+        ``args`` replaces the model's arguments: the tool runs with them and the model is told who changed
+        them, from what, to what. The driver that consumes the decision validates them against the tool's
+        schema (a State does not know the tool); invalid ones close the call ``input_error``.
+
+        Raises:
+            ValueError: no such pending call, a decided call, or ``args`` that is not a JSON object.
+        """
+        self._decide(call_id, True, by, reason, run_id, edited_args(args))
 
     def deny(
         self, call_id: str, *, by: str | None = None, reason: str | None = None, run_id: str | None = None
@@ -204,7 +236,13 @@ class State:
         self._decide(call_id, False, by, reason, run_id)
 
     def _decide(
-        self, call_id: str, approved: bool, by: str | None, reason: str | None, run_id: str | None
+        self,
+        call_id: str,
+        approved: bool,
+        by: str | None,
+        reason: str | None,
+        run_id: str | None,
+        args: dict[str, Any] | None = None,
     ) -> None:
         in_children = [p for p in self.pending_approvals if p.call_id == call_id and p.run_id != self.id]
         if run_id is None and in_children and call_id in self._calls:
@@ -222,14 +260,7 @@ class State:
                     f"run {run_id} has no call {call_id} waiting for a decision in this tree. Fix: pick a call "
                     "id and run id from state.pending_approvals"
                 )
-            body = {
-                "call_id": call_id,
-                "round": child[0].round,
-                "approved": approved,
-                "by": by,
-                "reason": reason,
-            }
-            item = self._item("decision", body)
+            item = self._item("decision", decision_body(call_id, child[0].round, approved, by, reason, args))
             item["run_id"] = run_id  # posted to the child's inbox; its parent's driver journals it there
             self._local.append(item)
             self._decided_children.add((run_id, call_id))
@@ -251,15 +282,10 @@ class State:
             raise ValueError(
                 f"call {call_id} is not waiting for a decision. Fix: pick a call id from state.pending_approvals"
             )
-        body = {
-            "call_id": call_id,
-            "round": call.open_round,
-            "approved": approved,
-            "by": by,
-            "reason": reason,
-        }
+        body = decision_body(call_id, call.open_round, approved, by, reason, args)
         self._local.append(self._item("decision", body))
-        self._decided_locally[call_id] = DecisionRecord(approved, call.open_round, by, reason, j.now_iso())
+        record = DecisionRecord(approved, call.open_round, by, reason, j.now_iso(), args)
+        self._decided_locally[call_id] = record
 
     def _item(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         return {"type": kind, "item_id": uuid.uuid4().hex, "seen_seq": len(self.history), **body}
@@ -309,6 +335,7 @@ class State:
             and not (kind == "model_failed" and getattr(entry, "purpose", None) == "compaction")
         ):
             self._stopped = None
+            self.stopped_seq = -1
         if kind in _REQUEST_KINDS:
             self.requests += 1
         if kind == "run_resumed":
@@ -332,6 +359,8 @@ class State:
         self.parent_id = e.parent_id
         self.root_id = e.root_id or self.id
         self.parent_call_id = e.parent_call_id
+        self.metadata = dict(e.metadata or {})
+        self.format_version = e.version
         self.messages = []
 
     def _count(self, blocks: Sequence[dict[str, Any]]) -> None:
@@ -430,7 +459,7 @@ class State:
             self._fail(e, f"a decision for call {e.call_id} round {e.round}, which is not open")
         self._note_inbox(e.inbox_seq, None)
         call.open_round = None
-        call.decision = DecisionRecord(e.approved, e.round, e.by, e.reason, e.at)
+        call.decision = DecisionRecord(e.approved, e.round, e.by, e.reason, e.at, e.args)
         call.started_after_decision = False
         self._decided_locally.pop(e.call_id, None)
 
@@ -455,13 +484,14 @@ class State:
         del self._open[e.call_id]
         self._add_usage(e.usage)
         self._count(e.content)
+        note = edited_note(call)  # a person changed the arguments: the model is told with the result
         self._results[e.call_id] = {
             "type": "tool_result",
             "call_id": e.call_id,
             "name": call.tool,
             "provider_call_id": call.provider_call_id,
             "outcome": e.outcome,
-            "content": e.content,
+            "content": e.content if note is None else [note, *e.content],
         }
         if not self._open:
             results = [self._results[cid] for cid in self._reply_calls if cid in self._results]
@@ -489,7 +519,7 @@ class State:
 
     def _on_run_stopped(self, e: j.RunStopped) -> None:
         self._stopped = e
-        self._stopped_seq = e.seq
+        self.stopped_seq = e.seq
 
     def _note_inbox(self, inbox_seq: int | None, item_id: str | None) -> None:
         if inbox_seq is not None:
@@ -499,11 +529,6 @@ class State:
 
     # ----------------------------------------------------------------------------------------------
     # What stores and drivers need
-
-    @property
-    def stopped_seq(self) -> int:
-        """The seq of the last ``run_stopped`` still in force, or -1."""
-        return self._stopped_seq if self._stopped is not None else -1
 
     def has_item(self, item_id: str) -> bool:
         """Whether an inbox item with this id was journaled."""
@@ -521,13 +546,14 @@ class State:
             "parent_id": self.parent_id,
             "root_id": self.root_id or self.id,
             "inbox_consumed": self.inbox_consumed,
+            **({"metadata": self.metadata} if self.metadata else {}),
         }
 
     def take_sealed(self, sealed: Sequence[j.Entry]) -> None:
         """Hold the sealed copies of the last entries folded (a writer sealed them for an append).
 
         The fold then keeps exactly the entries a later ``store.load`` returns. Each sealed entry must be
-        the folded one with ``w``, ``h`` and ``b`` set: same seq and kind.
+        the folded one with ``w``, ``h`` and ``b`` set (same seq, kind and fields).
         """
         if not sealed:
             return
@@ -537,12 +563,6 @@ class State:
                 f"run {self.id}: sealed seqs {start}..{start + len(sealed) - 1} are not the last entries folded "
                 f"(0..{len(self.history) - 1}). Fix: seal the entries the writer added, in order"
             )
-        for entry in sealed:
-            if self.history[entry.seq].kind != entry.kind:
-                raise ValueError(
-                    f"run {self.id} seq {entry.seq}: a sealed {entry.kind} does not match the folded "
-                    f"{self.history[entry.seq].kind}. Fix: seal the entries the writer added, in order"
-                )
         self.history[start:] = sealed
         if self._stopped is not None and self._stopped.seq >= start:
             self._stopped = self.history[self._stopped.seq]  # type: ignore[assignment]

@@ -17,16 +17,35 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Annotated, Any, Literal, overload
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar, overload
 
 from .journal import EFFECTS, Effect
 from .messages import text_block
 
 if TYPE_CHECKING:
+    import typing_extensions
     from pydantic import BaseModel, ValidationError
 
-__all__ = ["Effect", "Tool", "ToolContext", "ToolInputError", "result_to_blocks", "tool"]
+__all__ = [
+    "ApprovalCondition",
+    "DepsT",
+    "Effect",
+    "Tool",
+    "ToolContext",
+    "ToolInputError",
+    "result_to_blocks",
+    "tool",
+]
+
+if TYPE_CHECKING:  # a default (PEP 696) for type checkers: Agent(...) without deps_type is Agent[Any]
+    DepsT = typing_extensions.TypeVar("DepsT", default=Any)
+else:  # at run time the default changes nothing, and typing_extensions is not imported for it
+    DepsT = TypeVar("DepsT")
+"""The type of a run's dependencies (``agent.run(..., deps=...)``), as tools see them in ``ctx.deps``."""
+
+ApprovalCondition = Callable[[dict[str, Any]], Any]
+"""Whether a call needs a person's approval, from its validated arguments (a dict): truthy asks."""
 
 _DECORATOR_EFFECTS: tuple[str, ...] = ("read_only", "idempotent", "unsafe")
 _EFFECT_NAMES = ", ".join(_DECORATOR_EFFECTS)
@@ -41,11 +60,14 @@ class ToolInputError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ToolContext:
-    """What a running tool may know about its call; injected into a parameter annotated ``ToolContext``.
+class ToolContext(Generic[DepsT]):
+    """What a running tool may know about its call; injected into a parameter annotated ``ToolContext``
+    (or ``ToolContext[MyDeps]``, for type checkers).
 
     ``idempotency_key`` is the same for every attempt of one call (``tether:{run_id}:{call_id}``): pass it
-    to external services so that a retried call takes effect once.
+    to external services so that a retried call takes effect once. ``deps`` is what the driving call was
+    given (``agent.run(..., deps=...)``, ``Worker(deps=factory)``; None when nothing was), never journaled;
+    ``metadata`` is the run's metadata (``agent.run(..., metadata=...)``), as journaled.
     """
 
     run_id: str
@@ -53,6 +75,18 @@ class ToolContext:
     attempt: int
     idempotency_key: str
     tool: str
+    deps: DepsT = None  # type: ignore[assignment]  # None when the driving call was given no deps
+    metadata: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    if not TYPE_CHECKING:
+
+        def __class_getitem__(cls, item: Any) -> type:
+            """``ToolContext[Deps]`` is ``ToolContext`` at run time: the parameter is for type checkers.
+
+            (A generic alias would set ``__orig_class__`` on each instance, which a slotted frozen
+            dataclass refuses.)
+            """
+            return cls
 
 
 @dataclasses.dataclass(init=False, repr=False, eq=False, slots=True)
@@ -67,7 +101,7 @@ class Tool:
     name: str
     description: str
     effect: Effect
-    approval: bool
+    approval: bool | ApprovalCondition
     timeout: float | None
     max_attempts: int
     fn: Callable[..., Any]
@@ -77,6 +111,7 @@ class Tool:
     _model: type[BaseModel]
     _fields: dict[str, str]
     _ctx_param: str | None
+    _defaults: dict[str, Callable[[], Any]]
 
     def __init__(
         self,
@@ -85,7 +120,7 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         effect: Effect = "unsafe",
-        approval: bool = False,
+        approval: bool | ApprovalCondition = False,
         timeout: float | None = None,
         max_attempts: int = 3,
     ) -> None:
@@ -101,7 +136,11 @@ class Tool:
             )
         problems = [
             (effect not in EFFECTS, f"effect {effect!r} is unknown. Fix: use one of {_EFFECT_NAMES}"),
-            (not isinstance(approval, bool), f"approval={approval!r} is not a bool. Fix: pass True or False"),
+            (
+                not isinstance(approval, bool) and not callable(approval),
+                f"approval={approval!r} is neither a bool nor a callable. Fix: pass True, False, or a "
+                "function of the arguments, e.g. approval=lambda args: args['amount'] > 100",
+            ),
             (
                 timeout is not None
                 and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0),
@@ -129,6 +168,7 @@ class Tool:
         self.max_attempts = max_attempts
         self.is_async = inspect.iscoroutinefunction(fn)
         self._model, self._fields, self._ctx_param = _build_model(fn, name, param_docs)
+        self._defaults = _defaults(fn, self._ctx_param)
         self.parameters = _parameters_schema(self._model, name)
         self.schema = {
             "name": self.name,
@@ -141,7 +181,13 @@ class Tool:
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"Tool(name={self.name!r}, effect={self.effect!r}, approval={self.approval})"
+        approval = "<condition>" if callable(self.approval) else self.approval
+        return f"Tool(name={self.name!r}, effect={self.effect!r}, approval={approval})"
+
+    def arguments(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Validated ``kwargs`` with the function's defaults filled in: what an approval condition sees."""
+        out = {name: value() for name, value in self._defaults.items() if name not in kwargs}
+        return {**out, **kwargs}
 
     def validate(self, args: Any) -> dict[str, Any]:
         """Validate the model's JSON arguments and return keyword arguments for the function.
@@ -194,7 +240,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     effect: Literal["read_only", "idempotent", "unsafe"] = "unsafe",
-    approval: bool = False,
+    approval: bool | ApprovalCondition = False,
     timeout: float | None = None,
     max_attempts: int = 3,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
@@ -207,7 +253,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     effect: Literal["read_only", "idempotent", "unsafe"] = "unsafe",
-    approval: bool = False,
+    approval: bool | ApprovalCondition = False,
     timeout: float | None = None,
     max_attempts: int = 3,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
@@ -219,7 +265,10 @@ def tool(
         description: Overrides the docstring's description.
         effect: ``"read_only"``, ``"idempotent"`` or ``"unsafe"`` (default): an unsafe call cut off by a
             crash is never run again without a decision; the others are retried with the same key.
-        approval: Every call waits for a human decision before running.
+        approval: Every call waits for a human decision before running; or a function of the call's
+            validated arguments (a dict, defaults filled in) saying whether it must wait. The function is
+            called once, when the model's reply is planned, and the outcome is journaled: a recovered
+            run never calls it again.
         timeout: Seconds a call may take (None: no limit); enforced by the driver.
         max_attempts: Attempts of a read_only or idempotent call (timeouts, crashes) before giving up.
     """
@@ -318,13 +367,33 @@ def _parse_docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
 
 
 def _is_context(hint: Any) -> bool:
+    """Whether a parameter's annotation is ``ToolContext`` (``ToolContext[Deps]``, optional, annotated)."""
     if typing.get_origin(hint) is Annotated:
         hint = typing.get_args(hint)[0]
-    if hint is ToolContext:
+    if hint is ToolContext or typing.get_origin(hint) is ToolContext:
         return True
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return ToolContext in typing.get_args(hint)
+        return any(_is_context(arg) for arg in typing.get_args(hint) if arg is not type(None))
     return False
+
+
+def _defaults(fn: Callable[..., Any], ctx_param: str | None) -> dict[str, Callable[[], Any]]:
+    """Each parameter's default, as a factory (a mutable default is never shared with a condition)."""
+    out: dict[str, Callable[[], Any]] = {}
+    for param in inspect.signature(fn).parameters.values():
+        if param.name != ctx_param and param.default is not param.empty:
+            out[param.name] = functools.partial(_fresh, param.default)
+    return out
+
+
+def _fresh(value: Any) -> Any:
+    """A deep copy of ``value``, or ``value`` itself when it cannot be copied."""
+    import copy
+
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        return value
 
 
 def _build_model(

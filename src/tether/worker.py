@@ -21,23 +21,27 @@ stops.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import signal
 import socket
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import LeaseLostError, RunBusyError
-from .stores.base import Lease, Owner, Store
+from .stores.base import Lease, Owner, RunInfo, Store
 
 if TYPE_CHECKING:
     from .agent import Agent
 
-__all__ = ["Worker"]
+__all__ = ["DepsFactory", "Worker"]
 
 log = logging.getLogger("tether.worker")
+
+DepsFactory = Callable[[RunInfo], Any]
+"""Makes the deps of one drive from the run's ``RunInfo`` (its id, agent, metadata...); may be async."""
 
 
 class Worker:
@@ -50,6 +54,9 @@ class Worker:
         lease_ttl: the lease length in seconds (default: the store's ``ttl``); drives renew every ttl/4.
         poll_interval: seconds between claims when nothing wakes the worker.
         owner_prefix: the worker's name in its log lines (default ``worker-HOST-PID``).
+        deps: called with the ``RunInfo`` of each run the worker takes; what it returns (or, from an async
+            function, resolves to) is that drive's deps (``ctx.deps`` in tools). A factory that raises
+            leaves the run for a later claim, and the error is logged.
 
     Raises:
         ValueError: no agents, two agents with one name, a bad number, or a store without ``claim_next``.
@@ -64,8 +71,15 @@ class Worker:
         lease_ttl: float | None = None,
         poll_interval: float = 2.0,
         owner_prefix: str | None = None,
+        deps: DepsFactory | None = None,
     ) -> None:
         agents = list(agents)
+        if deps is not None and not callable(deps):
+            raise TypeError(
+                f"deps={deps!r} is not callable. Fix: pass a function taking the RunInfo, e.g. "
+                "deps=lambda info: Deps(user=info.metadata['user'])"
+            )
+        self.deps = deps
         if not agents:
             raise ValueError("Worker needs at least one agent. Fix: Worker([agent], store)")
         self.agents: dict[str, Agent] = {}
@@ -212,25 +226,48 @@ class Worker:
         if self._wake is not None and self._stop_requested.is_set():
             self._wake.set()
 
-    async def _agent_for(self, lease: Lease) -> Agent | None:
+    async def _info_for(self, lease: Lease) -> RunInfo | None:
+        """The claimed root's listing record (its tree's runs are paged through until it is found)."""
+        cursor: str | None = None
+        while True:
+            page, cursor = await self.store.run_io(
+                self.store.list_page, root_id=lease.run_id, limit=100, cursor=cursor
+            )
+            found = next((info for info in page if info.id == lease.run_id), None)
+            if found is not None or cursor is None:
+                return found
+
+    async def _agent_for(self, info: RunInfo | None, lease: Lease) -> Agent | None:
         if len(self.agents) == 1:
             return next(iter(self.agents.values()))
-        infos = await self.store.run_io(self.store.list, root_id=lease.run_id)
-        name = next((info.agent for info in infos if info.id == lease.run_id), None)
+        name = info.agent if info is not None else None
         if name is None:
             entries = await self.store.run_io(self.store.read, lease.run_id)
             name = getattr(entries[0], "agent", None) if entries else None
         return self.agents.get(name or "")
 
+    async def _deps_for(self, info: RunInfo | None, lease: Lease) -> Any:
+        """The drive's deps from the factory (None without one)."""
+        if self.deps is None:
+            return None
+        if info is None:
+            raise LookupError(f"run {lease.run_id} is not listed, so no RunInfo can be given to deps")
+        made = self.deps(info)
+        return await made if inspect.isawaitable(made) else made
+
     async def _drive(self, lease: Lease) -> None:
         run_id = lease.run_id
         try:
-            agent = await self._agent_for(lease)
+            info = await self._info_for(lease) if self.deps is not None or len(self.agents) > 1 else None
+            agent = await self._agent_for(info, lease)
+            deps = await self._deps_for(info, lease) if agent is not None else None
         except BaseException as exc:
             await self.store.run_io(self.store.abandon, lease)
             if not isinstance(exc, Exception):
                 return
-            log.warning("%s could not read run %s: %s", self.name, run_id, exc)
+            log.warning(
+                "%s could not start run %s (reading it, or making its deps): %s", self.name, run_id, exc
+            )
             return
         if agent is None:
             log.error("%s claimed run %s of an agent it does not have; released it", self.name, run_id)
@@ -238,7 +275,7 @@ class Worker:
             return
         log.info("%s claimed run %s (agent %s, token %d)", self.name, run_id, agent.name, lease.token)
         try:
-            state = await agent.adrive(self.store, lease)
+            state = await agent.adrive(self.store, lease, deps=deps)
         except LeaseLostError as exc:
             self.lost += 1
             log.warning("%s lost its lease on run %s; dropped it (%s)", self.name, run_id, exc)

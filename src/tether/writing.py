@@ -37,7 +37,13 @@ class JournalWriter:
         return f"JournalWriter(run={self.state.id!r}, writer={self.writer_id[:8]!r}, unsaved={self.unsaved})"
 
     def add(self, entry_type: type[j.Entry], **fields: Any) -> j.Entry:
-        """Make the next entry, fold it into the State, and keep it until an append takes it."""
+        """Make the next entry, fold it into the State, and keep it until an append takes it.
+
+        In a journal of an older format the entry carries ``v`` (this tether's format), so an older tether
+        reading the journal refuses it as newer (DESIGN 4).
+        """
+        if self.state.format_version < j.FORMAT_VERSION and entry_type is not j.RunStarted:
+            fields.setdefault("v", j.FORMAT_VERSION)
         entry = entry_type(seq=len(self.state.history), at=j.now_iso(), **fields)
         self.state.apply(entry)
         return entry

@@ -12,10 +12,11 @@ that drives it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shlex
 import traceback
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -84,7 +85,14 @@ def not_driven(root: str, agent: str | None, flag: str = "") -> str:
 
 
 def _decide(
-    approved: bool, run_id: str, call_id: str, by: str | None, reason: str | None, child: str | None, url: str
+    approved: bool,
+    run_id: str,
+    call_id: str,
+    by: str | None,
+    reason: str | None,
+    child: str | None,
+    url: str,
+    args: dict[str, Any] | None = None,
 ) -> None:
     runs = require_store(url)
     who = decider(by)
@@ -113,9 +121,11 @@ def _decide(
     target = (matches[0].run_id or state.id) if matches else (in_run or named)
     if target != state.id:
         state = runs.load(target)
-    decide = state.approve if approved else state.deny
     try:
-        decide(call_id, by=who, reason=reason, run_id=target)
+        if approved:
+            state.approve(call_id, by=who, reason=reason, run_id=target, args=args)
+        else:
+            state.deny(call_id, by=who, reason=reason, run_id=target)
     except ValueError as exc:
         already = "already" in str(exc).partition(" Fix:")[0]
         fix = (
@@ -188,14 +198,29 @@ def approve(
     by: ByOption = None,
     reason: ReasonOption = None,
     child: RunOption = None,
+    args: Annotated[
+        str | None,
+        typer.Option(
+            "--args", metavar="JSON", help="Run the call with these arguments instead (a JSON object)."
+        ),
+    ] = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Approve a call that waits for a decision.
 
     Journaled now if no process holds the run; otherwise posted to its inbox, and the holder journals it.
-    A second decision on the same call is refused.
+    A second decision on the same call is refused. With --args the tool runs with those arguments
+    (validated by the driver that starts the call) and the model is told who changed them.
     """
-    _decide(True, run_id, call_id, by, reason, child, store)
+    edited = None
+    if args is not None:
+        try:
+            edited = json.loads(args)
+        except ValueError as exc:
+            fail(f"--args is not JSON ({exc})", """pass an object, e.g. --args '{"amount": 50}'""")
+        if not isinstance(edited, dict):
+            fail("--args is not a JSON object", """pass an object, e.g. --args '{"amount": 50}'""")
+    _decide(True, run_id, call_id, by, reason, child, store, edited)
 
 
 @app.command()

@@ -191,6 +191,12 @@ def ls(
     limit: Annotated[
         int, typer.Option("--limit", "-n", metavar="N", min=1, help="At most this many trees, newest first.")
     ] = 50,
+    meta: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--meta", metavar="KEY=VALUE", help="Only trees whose root has this metadata pair (repeatable)."
+        ),
+    ] = None,
     as_json: JsonOption = False,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
@@ -202,6 +208,10 @@ def ls(
     """
     if status is not None and status not in STATUSES:
         fail(f"status {status!r} is not known", f"use one of {', '.join(STATUSES)}")
+    pairs = [pair.partition("=") for pair in meta or ()]
+    if any(not key or not sep for key, sep, _ in pairs):
+        fail("--meta takes KEY=VALUE", "e.g. tether ls --meta user=u42")
+    metadata = {key: value for key, _, value in pairs}
     opened = open_cli_store(store, missing_ok=True)
     out = console()
     if opened is None:
@@ -213,11 +223,16 @@ def ls(
     if parent is not None:
         parent_id = resolve_run(opened, parent, store)
         found: list[tuple[RunInfo, list[RunInfo]]] = [
-            (info, []) for info in opened.list(parent_id=parent_id, status=status, agent=agent, limit=limit)
+            (info, [])
+            for info in opened.list(
+                parent_id=parent_id, status=status, agent=agent, metadata=metadata or None, limit=limit
+            )
         ]
         names = names_for(opened, [info for info, _ in found])
     else:
-        found, seen, complete = listing.trees(opened, status=status, agent=agent, limit=limit)
+        found, seen, complete = listing.trees(
+            opened, status=status, agent=agent, limit=limit, metadata=metadata
+        )
         names = ids.Names(seen, complete=complete)
         if roots:
             found = [(root, []) for root, _ in found]

@@ -39,11 +39,16 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "created_at": info.created_at,
         "updated_at": info.updated_at,
         "held_by": info.lease_owner,
+        "metadata": dict(info.metadata),
     }
 
 
-def _matches(info: RunInfo, status: str | None, agent: str | None) -> bool:
-    return (status is None or info.status == status) and (agent is None or info.agent == agent)
+def _matches(info: RunInfo, status: str | None, agent: str | None, metadata: dict[str, str]) -> bool:
+    return (
+        (status is None or info.status == status)
+        and (agent is None or info.agent == agent)
+        and all(info.metadata.get(key) == value for key, value in metadata.items())
+    )
 
 
 def _ordered(root: RunInfo, below: Sequence[RunInfo]) -> list[tuple[RunInfo, int, bool, list[bool]]]:
@@ -69,9 +74,11 @@ def _ordered(root: RunInfo, below: Sequence[RunInfo]) -> list[tuple[RunInfo, int
 
 
 def trees(
-    store: Store, *, status: str | None, agent: str | None, limit: int
+    store: Store, *, status: str | None, agent: str | None, limit: int, metadata: dict[str, str] | None = None
 ) -> tuple[list[tuple[RunInfo, list[RunInfo]]], list[str], bool]:
     """Up to ``limit`` trees, newest root first: each root (matching the filters) with the runs below it.
+
+    ``metadata`` matches every pair given (a subagent run has its root's metadata).
 
     Returns:
         The trees, every id this looked at (to shorten ids among), and whether that is every run of the
@@ -88,13 +95,16 @@ def trees(
         roots = [
             info
             for info in known
-            if (info.parent_id is None or info.root_id not in ids) and _matches(info, status, agent)
+            if (info.parent_id is None or info.root_id not in ids)
+            and _matches(info, status, agent, metadata or {})
         ]
         return [(root, below.get(root.id, [])) for root in roots[:limit]], seen, True
     found: list[tuple[RunInfo, list[RunInfo]]] = []
     cursor: str | None = None
     while len(found) < limit:
-        page, cursor = store.list_page(status=status, agent=agent, limit=_PAGE, cursor=cursor)
+        page, cursor = store.list_page(
+            status=status, agent=agent, metadata=metadata or None, limit=_PAGE, cursor=cursor
+        )
         for info in page:
             if info.parent_id is None and len(found) < limit and all(info.id != r.id for r, _ in found):
                 tree = [run for run in store.list(root_id=info.id, limit=_TREE_LIMIT) if run.id != info.id]

@@ -17,6 +17,7 @@ from ..permissions import Decision
 from ..state import State
 from ..stores.base import Store
 from ..tools import Tool
+from ..tracing import InstrumentSettings
 
 __all__ = ["DrivenAgent", "OnUnknown"]
 
@@ -42,13 +43,15 @@ class DrivenAgent(Protocol):
     compact_at: float | None
     context_window: int
     price: Price | None
+    instrument: bool | InstrumentSettings | None
 
     @property
     def subagents(self) -> Mapping[str, DrivenAgent]:
         """The agents among its tools, by tool name (each call runs as a run of its own)."""
 
-    def tool(self, name: str) -> Tool | None:
-        """The tool called ``name``, if the agent has it."""
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        """Its tools by name (subagents included); ``tools.get(name)`` is None for a tool it lacks."""
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The tool schemas the model is shown."""
@@ -56,8 +59,9 @@ class DrivenAgent(Protocol):
     def unknown_tool_text(self, name: str) -> str:
         """What the model is told when it calls a tool the agent lacks."""
 
-    def permission_for(self, tool: Tool) -> tuple[Decision, str]:
-        """The decision for a call of ``tool`` under the agent's rules, and its reason."""
+    def permission_for(self, tool: Tool, args: dict[str, Any]) -> tuple[Decision, str]:
+        """The decision for a call of ``tool`` with validated ``args`` under the agent's rules, and its reason
+        (conditions are evaluated here, once per call)."""
 
     def fingerprint(self) -> dict[str, Any]:
         """The model name and hashes of the instructions and tool schemas."""

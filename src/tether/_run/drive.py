@@ -27,7 +27,8 @@ from .agent_spec import DrivenAgent
 from .approvals import HumanStep
 from .inbox import InboxWatch
 from .model_step import ModelStep
-from .recovery import check_agent, recover
+from .otel_trace import drive_trace
+from .recovery import args_check, check_agent, recover
 from .renewal import ACTIVE_DRIVES, Renewer
 from .subagents import Children
 from .tool_step import ToolStep
@@ -47,7 +48,9 @@ class Drive:
         lease: this process's hold on the run.
         emit: where ``agent.stream`` receives entries (after their append) and text deltas.
         inherited: a parent's remaining budgets, for a subagent's run.
-        output: the structured output the run must end with (default: the agent's, else the journal's).
+        output: the structured output the run must end with (default: the agent's, else the journal's);
+            it also types ``state.output`` of the State the drive returns, whatever type the journal names.
+        deps: the driving call's dependencies (``ctx.deps`` in tools, a subagent's too); never journaled.
     """
 
     def __init__(
@@ -60,30 +63,34 @@ class Drive:
         emit: Callable[[Event], None] | None = None,
         inherited: dict[str, Any] | None = None,
         output: OutputSpec | None = None,
+        deps: Any = None,
     ) -> None:
         self.agent = agent
         self.store = store
         self.state = journal.state
         self.gate = StartGate()
         self.writer = Writer(store, lease, journal, self.gate, emit)
-        self.inbox = InboxWatch(self.writer, agent.poll_interval, self._cancel_children)
-        self.children = Children(agent, self.writer, inherited, _drive_child)
+        self.trace = self.writer.trace = drive_trace(agent, self.state)  # NO_TRACE unless traced
+        self.inbox = InboxWatch(self.writer, agent.poll_interval, self._cancel_children, args_check(agent))
+        self.children = Children(agent, self.writer, inherited, _drive_child, deps)
         admitted: dict[str, dict[str, Any]] = {}
+        output = output if output is not None else agent.output or _journaled_output(self.state)
+        self.state.type_output_with(output)  # the driving agent's type, whoever started the run (DESIGN 18)
         self.model = ModelStep(
             agent,
             self.writer,
             self.inbox,
-            output=output if output is not None else agent.output or _journaled_output(self.state),
+            output=output,
             admitted=admitted,
             inherited=inherited,
             emit=emit,
         )
-        self.tools = ToolStep(agent, self.writer, self.inbox, self.gate, admitted, self.children)
+        self.tools = ToolStep(agent, self.writer, self.inbox, self.gate, admitted, self.children, deps)
         self.human = (
             HumanStep(agent.human, self.writer, self.inbox, agent.poll_interval) if agent.human else None
         )
         self.inherited = inherited
-        self._start_seq = len(self.state.history)  # a run_stopped from here on was written by this drive
+        self._start_seq = len(self.state.history)  # a run_stopped in force from here on is this drive's
         self._waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
         self._lease_lost = False
 
@@ -97,6 +104,7 @@ class Drive:
         if lease.expires_at is not None and lease.ttl:
             self.gate.renewer = Renewer(self.store, lease, lease.ttl, lambda: self._lost(loop, task))
             self.gate.renewer.start()
+        self.trace.enter()
         try:
             await self._take_over()
             while True:
@@ -104,15 +112,18 @@ class Drive:
                 if await self._release():
                     return self.state
         except BaseException as exc:
+            self.trace.failed(exc)
             await self._close_after(exc)
             raise
         finally:
+            self.trace.end()
             ACTIVE_DRIVES.discard((loop, task))
             if self.gate.renewer is not None:
                 self.gate.renewer.stop_event.set()
 
     async def run_compaction(self) -> State:
         """Consume the inbox, compact, and release: ``agent.compact`` as a short-lived taker."""
+        self.trace.enter()
         try:
             await self.inbox.consume()
             await self.model.compact()
@@ -120,12 +131,11 @@ class Drive:
                 pass
             return self.state
         except BaseException as exc:
+            self.trace.failed(exc)
             await self._close_after(exc)
             raise
-
-    def _stopped_here(self) -> bool:
-        """Whether this drive wrote the ``run_stopped`` in force (a message since would have reopened it)."""
-        return self.state.stopped_seq >= self._start_seq
+        finally:
+            self.trace.end()
 
     def _lost(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
         self._lease_lost = True
@@ -164,7 +174,9 @@ class Drive:
 
     async def _drive_until_release(self) -> None:
         state = self.state
-        while not self._stopped_here() and not self.gate.stopping:
+        while (
+            state.stopped_seq < self._start_seq and not self.gate.stopping
+        ):  # until this drive stops the run
             status = state.status
             if status in j.FINAL_STATUSES:
                 return
@@ -172,7 +184,7 @@ class Drive:
                 return
             if self.human is not None and not self._waiting_at_take:
                 await self.human.ask()
-                if self._stopped_here() or state.status == "cancelled":
+                if state.stopped_seq >= self._start_seq or state.status == "cancelled":
                     return
             open_calls = state.open_calls
             runnable = [c.call_id for c in open_calls if c.action in ("run", "retry", "resume_child")]
@@ -247,10 +259,15 @@ def _abort_in_flight(writer: Writer, in_flight: list[str]) -> None:
 
 
 async def _drive_child(
-    agent: DrivenAgent, store: Store, journal: JournalWriter, lease: Lease, inherited: dict[str, Any]
+    agent: DrivenAgent,
+    store: Store,
+    journal: JournalWriter,
+    lease: Lease,
+    inherited: dict[str, Any],
+    deps: Any,
 ) -> State:
-    """Drive a subagent's run (held by this process) to its next stop."""
-    return await Drive(agent, store, journal, lease, inherited=inherited).run()
+    """Drive a subagent's run (held by this process) to its next stop, with its parent's deps."""
+    return await Drive(agent, store, journal, lease, inherited=inherited, deps=deps).run()
 
 
 def _journaled_output(state: State) -> OutputSpec | None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from .. import journal as j
-from .._consume import consume
+from .._consume import ArgsCheck, consume
 from ..inbox import InboxItem
 from .writer import Writer
 
@@ -26,12 +26,18 @@ class InboxWatch:
         poll_interval: seconds between reads (the agent's ``poll_interval``).
         before_cancel: awaited before a cancel item is journaled: the run's open subagent runs are cancelled
             first (DURABILITY 6).
+        check_args: validates a person's edited arguments when their decision is journaled.
     """
 
     def __init__(
-        self, writer: Writer, poll_interval: float, before_cancel: Callable[[], Awaitable[None]]
+        self,
+        writer: Writer,
+        poll_interval: float,
+        before_cancel: Callable[[], Awaitable[None]],
+        check_args: ArgsCheck | None = None,
     ) -> None:
         self.writer = writer
+        self.check_args = check_args
         self.poll_interval = poll_interval
         self.before_cancel = before_cancel
         self._held: list[InboxItem] = []  # read during a model request, journaled after its reply
@@ -60,7 +66,7 @@ class InboxWatch:
         """Journal the held items (right after the reply); returns whether a message was among them."""
         items, self._held = self._held, []
         if items:
-            consume(self.writer.journal, items)
+            consume(self.writer.journal, items, self.check_args)
         return any(item.type == "message" for item in items)
 
     async def consume(self) -> bool:
@@ -72,10 +78,10 @@ class InboxWatch:
         state = self.writer.journal.state
         if any(item.type == "cancel" for item in items) and state.status not in j.STOP_STATUSES:
             await self.before_cancel()
-        consume(self.writer.journal, items)
+        consume(self.writer.journal, items, self.check_args)
         self.writer.act()
         return True
 
     async def consume_stopping(self) -> None:
         """Journal new items without acting on them: the drive is stopping (DURABILITY 1.6)."""
-        consume(self.writer.journal, await self.read())
+        consume(self.writer.journal, await self.read(), self.check_args)

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._threads import Threads
 from ..tools import Tool, ToolContext
+from .spans import NO_SPAN, NoSpan
 
 __all__ = ["call_tool", "submit_tool_job", "sync_tool_job", "tool_result"]
 
@@ -24,10 +25,13 @@ _TOOL_THREADS = Threads("tether-tool")
 
 
 def sync_tool_job(
-    tool: Tool, kwargs: dict[str, Any], ctx: ToolContext
+    tool: Tool, kwargs: dict[str, Any], ctx: ToolContext, span: NoSpan = NO_SPAN
 ) -> tuple[Callable[[], None], asyncio.Future[Any]]:
-    """A sync tool's invocation, not yet started: the job for ``submit_tool_job`` and the future it settles."""
-    return _TOOL_THREADS.job(tool.invoke_sync, kwargs, ctx)
+    """A sync tool's invocation, not yet started: the job for ``submit_tool_job`` and the future it settles.
+
+    ``span`` is the attempt's ``execute_tool`` span, current on the tool's thread while it runs.
+    """
+    return _TOOL_THREADS.job(span.wrap(tool.invoke_sync), kwargs, ctx)
 
 
 def submit_tool_job(job: Callable[[], None]) -> None:
@@ -44,14 +48,17 @@ def submit_tool_job(job: Callable[[], None]) -> None:
         job()
 
 
-async def call_tool(tool: Tool, kwargs: dict[str, Any], ctx: ToolContext) -> Any:
-    """Invoke a tool: async on the loop, sync on a thread of its own; ``timeout`` applied to both."""
+async def call_tool(tool: Tool, kwargs: dict[str, Any], ctx: ToolContext, span: NoSpan = NO_SPAN) -> Any:
+    """Invoke a tool: async on the loop, sync on a thread of its own; ``timeout`` applied to both.
+
+    ``span`` is the attempt's ``execute_tool`` span, current while the tool runs.
+    """
     if tool.is_async:
-        coro = tool.invoke_async(kwargs, ctx)
+        coro = span.run(tool.invoke_async(kwargs, ctx))
         if tool.timeout:
             return await asyncio.wait_for(coro, tool.timeout)
         return await coro
-    return await tool_result(tool, _TOOL_THREADS.run(tool.invoke_sync, kwargs, ctx))
+    return await tool_result(tool, _TOOL_THREADS.run(span.wrap(tool.invoke_sync), kwargs, ctx))
 
 
 async def tool_result(tool: Tool, started: asyncio.Future[Any]) -> Any:

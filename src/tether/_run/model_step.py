@@ -100,7 +100,7 @@ class ModelStep:
 
         if self.emit is not None and state.history and state.history[-1].kind == "model_failed":
             self.emit(Reset(request.index))
-        ask = asyncio.ensure_future(agent.model.request(request, on_text))
+        ask = self.writer.trace.chat(request).task(agent.model.request(request, on_text))
         try:
             cancelled = await self._watch_for_cancel(ask)
         except BaseException:
@@ -138,7 +138,9 @@ class ModelStep:
             ask = [*base.messages, Message.user(COMPACT_PROMPT)]
             request = ModelRequest(base.index, COMPACT_INSTRUCTIONS, ask, [], state.id)
             try:
-                reply = await agent.model.request(request, None)
+                reply = await self.writer.trace.chat(request, "compaction").task(
+                    agent.model.request(request, None)
+                )
                 break
             except Exception as exc:
                 retryable = bool(getattr(exc, "retryable", False))
@@ -309,20 +311,30 @@ class ModelStep:
         """Step 1-3 of DESIGN 5.2 for one call: input errors, deny rules, ask rules."""
         agent = self.agent
         call_id, name = block["id"], block["name"]
-        tool = agent.tool(name)
+        tool = agent.tools.get(name)
         if tool is None:
             text = agent.unknown_tool_text(name)
             self.writer.add(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(text)])
             return
         try:
-            self.admitted[call_id] = tool.validate(block.get("args") if block.get("args") is not None else {})
+            kwargs = tool.validate(block.get("args") if block.get("args") is not None else {})
         except ToolInputError as exc:
             self.writer.add(j.ToolFinished, call_id=call_id, outcome="input_error", content=[_text(str(exc))])
             return
-        decision, reason = agent.permission_for(tool)
+        self.admitted[call_id] = kwargs
+        # Conditions are evaluated here and only here: the append holding model_replied records the
+        # outcome (an approval_requested, or none), so a recovered run never evaluates them again.
+        decision, reason = agent.permission_for(tool, tool.arguments(kwargs))
         if decision == "deny":
             self.writer.add(
                 j.ToolFinished, call_id=call_id, outcome="denied", content=[_text(f"denied: {reason}")]
             )
         elif decision == "ask":
-            self.writer.add(j.ApprovalRequested, call_id=call_id, round=0, tool=name, args=block.get("args"))
+            self.writer.add(
+                j.ApprovalRequested,
+                call_id=call_id,
+                round=0,
+                tool=name,
+                args=block.get("args"),
+                question=reason or None,
+            )

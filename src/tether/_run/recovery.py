@@ -8,14 +8,33 @@ first start or request, so a decision and its start share an append.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import journal as j
 from .._calls import ABORTED_UNKNOWN
-from .._consume import close_denied
+from .._consume import ArgsCheck, close_denied, close_invalid_edit
 from ..messages import text_block
+from ..tools import ToolInputError
 from .agent_spec import DrivenAgent
 from .writer import Writer
 
-__all__ = ["check_agent", "recover"]
+__all__ = ["args_check", "check_agent", "recover"]
+
+
+def args_check(agent: DrivenAgent) -> ArgsCheck:
+    """How this agent validates a person's edited arguments: None when valid, else the message."""
+
+    def check(tool_name: str, args: Any) -> str | None:
+        tool = agent.tools.get(tool_name)
+        if tool is None:
+            return None  # recovery closes a call of a tool the agent lacks
+        try:
+            tool.validate(args)
+        except ToolInputError as exc:
+            return str(exc)
+        return None
+
+    return check
 
 
 def check_agent(writer: Writer, agent: DrivenAgent) -> None:
@@ -45,11 +64,20 @@ def check_agent(writer: Writer, agent: DrivenAgent) -> None:
 def recover(writer: Writer, agent: DrivenAgent) -> None:
     """Close what the journal says must be closed; calls to run stay open for the loop."""
     state = writer.journal.state
+    writer.trace.recovered(state.open_calls, agent)
     for call in state.open_calls:
-        tool = agent.tool(call.tool)
+        tool = agent.tools.get(call.tool)
         record = state.call(call.call_id)
         assert record is not None
         if call.action == "wait":
+            continue
+        edited = record.edited_args
+        if call.action == "run" and edited is not None and tool is not None:
+            # approved with edited arguments, journaled by a taker without the agent: checked before a start
+            check = args_check(agent)
+            if check(call.tool, edited) is not None:
+                writer.act()
+                close_invalid_edit(writer.journal, call.call_id, call.tool, edited, check)
             continue
         if call.action == "deny":
             writer.act()

@@ -24,14 +24,16 @@ from ..stores.operations import child_id_for
 from ..tools import Tool
 from ..writing import JournalWriter
 from .agent_spec import DrivenAgent
+from .otel_trace import child_traceparent
 from .writer import Writer
 
 __all__ = ["ChildBusy", "ChildOutcome", "Children", "DriveChild", "child_needs_work", "subagent_tool"]
 
 log = logging.getLogger("tether")
 
-DriveChild = Callable[[DrivenAgent, Store, JournalWriter, Lease, dict[str, Any]], Awaitable[State]]
-"""Drives a child run this process holds to its next stop: ``(agent, store, writer, lease, inherited)``."""
+DriveChild = Callable[[DrivenAgent, Store, JournalWriter, Lease, dict[str, Any], Any], Awaitable[State]]
+"""Drives a child run this process holds to its next stop: ``(agent, store, writer, lease, inherited,
+deps)``."""
 
 
 def subagent_tool(agent: DrivenAgent) -> Tool:
@@ -77,15 +79,22 @@ class Children:
         inherited: the parent's own inherited budgets (a subagent of a subagent).
         drive_child: drives a child run to its next stop (the driver, injected so this module does not
             import it).
+        deps: the parent's dependencies; a subagent's tools get the same object (DESIGN 18).
 
     Attributes:
         busy: a child is held by another live process; the parent releases with that call open.
     """
 
     def __init__(
-        self, agent: DrivenAgent, writer: Writer, inherited: dict[str, Any] | None, drive_child: DriveChild
+        self,
+        agent: DrivenAgent,
+        writer: Writer,
+        inherited: dict[str, Any] | None,
+        drive_child: DriveChild,
+        deps: Any = None,
     ) -> None:
         self.agent = agent
+        self.deps = deps
         self.writer = writer
         self.inherited = inherited
         self.drive_child = drive_child
@@ -144,7 +153,8 @@ class Children:
             lease = await _claim_child(store, child_id, owner, sub, self.agent.poll_interval)
         state = await store.run_io(store.load, child_id)
         try:
-            child = await self.drive_child(sub, store, JournalWriter(state, owner.writer), lease, inherited)
+            journal = JournalWriter(state, owner.writer)
+            child = await self.drive_child(sub, store, journal, lease, inherited, self.deps)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             raise
         except Exception:
@@ -166,6 +176,8 @@ async def _create_child(
         parent_id=parent.id,
         root_id=parent.root_id or parent.id,
         parent_call_id=call_id,
+        traceparent=child_traceparent(sub),
+        metadata=dict(parent.metadata),  # inherited (DESIGN 18), so a tree lists under its root's metadata
     )
     writer.add(j.MessageAdded, role="user", content=[text_block(prompt)])
     batch = writer.next_batch()

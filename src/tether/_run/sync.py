@@ -8,6 +8,7 @@ process, which close their steps and release their runs; the process then exits 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import signal
 import threading
 from collections.abc import Callable, Coroutine
@@ -46,7 +47,7 @@ def run_sync(coro_fn: Callable[[], Coroutine[Any, Any, T]], name: str) -> T:
             f"Agent.{name}() was called from a running event loop. Fix: await agent.a{name}(...)"
         )
     try:
-        return _runner().run(coro_fn())
+        return _runner().run(coro_fn(), context=contextvars.copy_context())  # the caller's active span
     except asyncio.CancelledError:
         if sigterm_received():
             raise SystemExit(143) from None

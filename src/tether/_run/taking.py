@@ -6,17 +6,28 @@ entry, stamped with the lease owner's writer id (DURABILITY 1.1, 3). A take that
 
 from __future__ import annotations
 
+import asyncio
+
 from .. import journal as j
-from ..errors import ConflictError
-from ..messages import Message
+from ..errors import ConflictError, RunBusyError, RunNotFoundError
+from ..messages import Message, text_of
 from ..output import OutputSpec
 from ..state import State
 from ..stores.base import Lease, Owner, Store
 from ..stores.operations import append_missing
 from ..writing import JournalWriter
 from .agent_spec import DrivenAgent
+from .otel_trace import new_run_traceparent
 
-__all__ = ["check_run", "new_run", "take_existing", "take_held", "take_new", "take_state"]
+__all__ = [
+    "check_run",
+    "new_run",
+    "take_existing",
+    "take_held",
+    "take_new",
+    "take_or_resume",
+    "take_state",
+]
 
 
 def new_run(
@@ -25,8 +36,14 @@ def new_run(
     run_id: str | None,
     output: OutputSpec | None,
     writer_id: str | None = None,
+    metadata: dict[str, str] | None = None,
+    *,
+    drive: bool = False,
 ) -> JournalWriter:
-    """A new run's first entries (``run_started`` and its messages), not written yet."""
+    """A new run's first entries (``run_started``, with its metadata, and its messages), not written yet.
+
+    ``drive``: this process drives the run next (its first drive's span may be the trace's root).
+    """
     output = output or agent.output
     if isinstance(prompt, State):
         messages, run_id = list(prompt.messages), prompt.id
@@ -40,6 +57,8 @@ def new_run(
         fingerprint=agent.fingerprint(),
         budgets=agent.budgets(),
         root_id=writer.state.id,
+        traceparent=new_run_traceparent(agent, drive),
+        metadata=dict(metadata or {}),
     )
     for message in messages:
         writer.add(j.MessageAdded, role=message.role, content=list(message.content))
@@ -52,6 +71,7 @@ async def take_new(
     prompt: str | Message | State,
     run_id: str | None,
     output: OutputSpec | None,
+    metadata: dict[str, str] | None = None,
 ) -> tuple[JournalWriter, Lease]:
     """Create a run held by this process (a State with no history becomes that run).
 
@@ -61,7 +81,7 @@ async def take_new(
     if isinstance(prompt, State):
         store.check_state(prompt)
     owner = Owner.here()
-    writer = new_run(agent, prompt, run_id, output, owner.writer)
+    writer = new_run(agent, prompt, run_id, output, owner.writer, metadata, drive=True)
     state = writer.state
     batch = writer.next_batch()
     lease = await store.run_io(
@@ -144,6 +164,70 @@ async def take_held(agent: DrivenAgent, store: Store, lease: Lease) -> JournalWr
         await store.run_io(store.abandon, lease)
         raise
     return JournalWriter(state, lease.owner.writer)
+
+
+async def take_or_resume(
+    agent: DrivenAgent,
+    store: Store,
+    prompt: str | Message,
+    run_id: str,
+    output: OutputSpec | None,
+    metadata: dict[str, str] | None,
+) -> tuple[JournalWriter, Lease, bool]:
+    """``if_exists="resume"``: create run ``run_id``, or take it when it exists and began with ``prompt``.
+
+    A run held by a live process is waited for (every ``poll_interval``) until its holder releases it, so
+    two processes racing to start one id both end with the same run: one creates and drives it, the other
+    then resumes it (a finished run is returned as it is).
+
+    Returns:
+        The writer, the lease, and whether this call created the run.
+
+    Raises:
+        ValueError: the run exists with another first message (or other metadata, when given), belongs to
+            another agent, or is a subagent's run.
+    """
+    message = Message.user(prompt) if isinstance(prompt, str) else prompt
+    checked = False
+    while True:
+        try:
+            if not await store.run_io(store.exists, run_id):
+                try:
+                    writer, lease = await take_new(agent, store, prompt, run_id, output, metadata)
+                    return writer, lease, True
+                except ValueError:
+                    if not await store.run_io(store.exists, run_id):
+                        raise  # a real error, not another process's create of the same id
+                    continue
+            if not checked:
+                _check_same_start(await store.run_io(store.load, run_id), message, metadata)
+                checked = True
+            writer, lease = await take_existing(agent, store, run_id)
+            return writer, lease, False
+        except RunBusyError:  # held (or being created) by a live process: wait for its release
+            await asyncio.sleep(agent.poll_interval)
+        except RunNotFoundError:  # deleted since: create it
+            checked = False
+
+
+def _check_same_start(state: State, message: Message, metadata: dict[str, str] | None) -> None:
+    """Refuse to resume, for ``if_exists="resume"``, a run begun with another message or metadata."""
+    first = next((e for e in state.history if isinstance(e, j.MessageAdded)), None)
+    if first is None or (first.role, list(first.content)) != (message.role, list(message.content)):
+        began = text_of(first.content) if first is not None else ""
+        raise ValueError(
+            f"run {state.id} exists and began with {_short(began)}, not {_short(message.text)}. Fix: pass "
+            "another id=, or the run's own first message"
+        )
+    if metadata is not None and metadata != state.metadata:
+        raise ValueError(
+            f"run {state.id} exists with metadata {state.metadata}, not {metadata}. Fix: pass another id=, "
+            "or the run's own metadata"
+        )
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 def check_run(agent: DrivenAgent, state: State) -> None:

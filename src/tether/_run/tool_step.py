@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import MappingProxyType
 from typing import Any
 
 from .. import journal as j
@@ -38,6 +39,7 @@ class ToolStep:
         admitted: the arguments the model step validated for each call of the last reply (taken from here
             instead of validating again).
         children: the run's subagent runs.
+        deps: the driving call's dependencies, handed to each tool as ``ctx.deps`` (never journaled).
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class ToolStep:
         gate: StartGate,
         admitted: dict[str, dict[str, Any]],
         children: Children,
+        deps: Any = None,
     ) -> None:
         self.agent = agent
+        self.deps = deps
         self.writer = writer
         self.state = writer.journal.state
         self.inbox = inbox
@@ -141,14 +145,14 @@ class ToolStep:
         state = self.state
         record = state.call(call_id)
         assert record is not None
-        tool = self.agent.tool(record.tool)
+        tool = self.agent.tools.get(record.tool)
         assert tool is not None
         self.writer.act()
         if record.attempt > 0 and record.effect is not None and record.key is not None:
             effect, key, limit = record.effect, record.key, record.max_attempts or tool.max_attempts
         else:
             effect, key, limit = tool.effect, j.idempotency_key_for(state.id, call_id), tool.max_attempts
-        return self.writer.add(
+        entry = self.writer.add(
             j.ToolStarted,
             call_id=call_id,
             tool=tool.name,
@@ -156,7 +160,9 @@ class ToolStep:
             idempotency_key=key,
             attempt=record.attempt + 1,
             max_attempts=limit,
-        ).seq
+        )
+        self.writer.trace.tool_started(entry, record.args)
+        return entry.seq
 
     def _start_on_save(self, call_id: str, seq: int) -> None:
         """Have a sync tool start on its thread from the store's thread once ``tool_started`` (``seq``) is saved.
@@ -166,19 +172,30 @@ class ToolStep:
         """
         record = self.state.call(call_id)
         assert record is not None
-        tool = self.agent.tool(record.tool)
+        tool = self.agent.tools.get(record.tool)
         if tool is None or tool.is_async or record.tool in self.agent.subagents:
             return
         kwargs = self.admitted.pop(call_id, None)
-        if kwargs is None:
+        if kwargs is None or record.edited_args is not None:  # a person's arguments replace the model's
             try:
-                kwargs = tool.validate(record.args if record.args is not None else {})
+                kwargs = tool.validate(record.run_args if record.run_args is not None else {})
             except ToolInputError:
                 return
-        ctx = ToolContext(self.state.id, call_id, record.attempt, record.key or "", tool.name)
-        job, future = sync_tool_job(tool, kwargs, ctx)
+        job, future = sync_tool_job(
+            tool, kwargs, self._context(call_id, tool.name), self.writer.trace.tool(call_id)
+        )
         self.writer.start_after_append(seq, call_id, job)
         self._prestarted[call_id] = future
+
+    def _context(self, call_id: str, tool: str) -> ToolContext[Any]:
+        """The ToolContext of a call's current attempt: ids, key, the drive's deps, the run's metadata."""
+        state = self.state
+        record = state.call(call_id)
+        assert record is not None
+        metadata = MappingProxyType(state.metadata)
+        return ToolContext(
+            state.id, call_id, record.attempt, record.key or "", tool, deps=self.deps, metadata=metadata
+        )
 
     def _launch(self, call_id: str) -> None:
         self._tasks[call_id] = asyncio.ensure_future(self._invoke(call_id))
@@ -188,7 +205,7 @@ class ToolStep:
         state = self.state
         record = state.call(call_id)
         assert record is not None
-        tool = self.agent.tool(record.tool)
+        tool = self.agent.tools.get(record.tool)
         assert tool is not None
         usage: dict[str, int] | None = None
         sub = self.agent.subagents.get(record.tool)
@@ -199,17 +216,19 @@ class ToolStep:
                     pending, started = started, None
                     outcome, content = "done", result_to_blocks(await tool_result(tool, pending))
                     break
-                ctx = ToolContext(state.id, call_id, record.attempt, record.key or "", tool.name)
-                kwargs = tool.validate(record.args if record.args is not None else {})
+                ctx = self._context(call_id, tool.name)
+                span = self.writer.trace.tool(call_id)
+                kwargs = tool.validate(record.run_args if record.run_args is not None else {})
                 if sub is not None:
-                    child = await self.children.enter(call_id, kwargs["prompt"], sub)
+                    child = await span.run(self.children.enter(call_id, kwargs["prompt"], sub))
                     if child is None or call_id in self._cancelling:
                         return  # the child waits, or is busy elsewhere: the call stays open
                     outcome, content, usage = child
                 else:
-                    value = await call_tool(tool, kwargs, ctx)
+                    value = await call_tool(tool, kwargs, ctx, span)
                     outcome, content = "done", result_to_blocks(value)
-            except TimeoutError:
+            except TimeoutError as exc:
+                self.writer.trace.tool(call_id).error(exc)
                 effect = record.effect or tool.effect
                 limit = record.max_attempts or tool.max_attempts
                 if effect in j.RETRY_EFFECTS and record.attempt < limit and self.gate.open():
@@ -226,6 +245,7 @@ class ToolStep:
             except ToolInputError as exc:
                 outcome, content = "input_error", [_text(str(exc))]
             except Exception as exc:
+                self.writer.trace.tool(call_id).error(exc)
                 outcome, content = "error", [_text(f"{type(exc).__name__}: {exc}")]
             break
         if record.outcome is not None or not state.is_open(call_id):

@@ -22,6 +22,7 @@ from ..stores.base import Lease, Store
 from ..writing import JournalWriter
 from .invoke import submit_tool_job
 from .renewal import Renewer
+from .spans import NO_TRACE, NoTrace
 
 __all__ = ["StartGate", "Writer"]
 
@@ -62,6 +63,7 @@ class Writer:
         save_failed: the error of the last append, while none has succeeded since.
         inbox_hint: the inbox's length as the last append read it, and when (``time.monotonic``).
         handed_over: the calls whose sync tool the store's thread started after an append.
+        trace: the drive's tracing recorder (``NO_TRACE`` when off); it sees each batch once appended.
     """
 
     def __init__(
@@ -81,12 +83,10 @@ class Writer:
         self.save_failed: BaseException | None = None
         self.inbox_hint: tuple[int, float] = (0, float("-inf"))
         self.handed_over: set[str] = set()
+        self.trace: NoTrace = NO_TRACE
+        self.add = journal.add  # queue the next entry (folded into the State at once)
         self._lock = asyncio.Lock()
         self._after_append: dict[int, _Job] = {}  # sync tools to start, by the seq of their tool_started
-
-    def add(self, entry_type: type[j.Entry], **fields: Any) -> j.Entry:
-        """Queue the next entry (folded into the State at once)."""
-        return self.journal.add(entry_type, **fields)
 
     def act(self) -> None:
         """Queue ``run_resumed`` before this drive's first entry that acts."""
@@ -139,6 +139,7 @@ class Writer:
                 journal.batch_saved()
                 self.save_failed = None
                 self.inbox_hint = (future.result(), time.monotonic())
+                self.trace.journaled(batch)
                 if self.emit is not None:
                     for entry in batch:
                         self.emit(EntryEvent(entry))

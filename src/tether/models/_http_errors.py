@@ -28,8 +28,10 @@ __all__ = [
     "InvalidResponseError",
     "OverloadedError",
     "ProviderError",
+    "QuotaExceededError",
     "RateLimitError",
     "ServerError",
+    "category_of",
     "classify",
     "emit_text",
     "error_fields",
@@ -76,6 +78,11 @@ class RateLimitError(ProviderError):
     """429: too many requests or tokens; retried after ``retry_after``."""
 
     default_retryable = True
+
+
+class QuotaExceededError(ProviderError):
+    """The account has no credit or quota left (OpenAI's 429 ``insufficient_quota``, Anthropic's
+    ``billing_error``, a spend limit reached): waiting cannot help, so it is not retried."""
 
 
 class OverloadedError(ProviderError):
@@ -157,8 +164,10 @@ def parse_retry_after(headers: Mapping[str, str] | None, now: float | None = Non
 def error_fields(body: object) -> tuple[str | None, str | None, str | None]:
     """The (message, type, code) of a provider error body.
 
-    Accepts Anthropic's ``{"type": "error", "error": {"type", "message"}}``, OpenAI's ``{"error": {"message",
-    "type", "code"}}`` and the inner ``error`` object alone (what the OpenAI SDK keeps as ``body``).
+    Accepts Anthropic's ``{"type": "error", "error": {"type", "message", "details": {"error_code"}}}``,
+    OpenAI's ``{"error": {"message", "type", "code"}}``, the Responses API's stream ``error`` event
+    (``{"type": "error", "code", "message"}``) and the inner ``error`` object alone (what the OpenAI SDK keeps
+    as ``body``). Without a ``code``, Anthropic's ``details.error_code`` is the code.
     """
     if not isinstance(body, Mapping):
         return (body.strip()[:500] or None, None, None) if isinstance(body, str) else (None, None, None)
@@ -168,11 +177,83 @@ def error_fields(body: object) -> tuple[str | None, str | None, str | None]:
     elif isinstance(inner, str):
         return inner, None, None
     message, kind, code = body.get("message"), body.get("type"), body.get("code")
+    details = body.get("details")
+    if code is None and isinstance(details, Mapping):
+        code = details.get("error_code")
     return (
         message if isinstance(message, str) else None,
         kind if isinstance(kind, str) and kind != "error" else None,
         str(code) if isinstance(code, str | int) else None,
     )
+
+
+_SDK_CATEGORIES = (
+    # (the SDK's exception class name, tether's category); subclasses before their bases. Newer SDKs have
+    # classes for single error codes (anthropic's EnforcedSpendLimitReachedError is a RateLimitError).
+    ("EnforcedSpendLimitReachedError", "billing"),
+    ("ContractSpendLimitReachedError", "billing"),
+    ("OverloadedError", "overloaded"),
+    ("RateLimitError", "rate_limit"),
+    ("AuthenticationError", "auth"),
+    ("PermissionDeniedError", "permission"),
+    ("PaymentRequiredError", "billing"),
+    ("NotFoundError", "not_found"),
+    ("RequestTimeoutError", "server"),
+    ("ConflictError", "server"),
+    ("ContentTooLargeError", "bad_request"),
+    ("RequestTooLargeError", "bad_request"),
+    ("UnprocessableEntityError", "bad_request"),
+    ("BadRequestError", "bad_request"),
+    ("InternalServerError", "server"),
+)
+
+_STATUS_CATEGORIES = {
+    401: "auth",
+    402: "billing",
+    403: "permission",
+    408: "server",
+    409: "server",
+    429: "rate_limit",
+}
+
+# Error codes and types that say the account's money or quota is used up (OpenAI's error codes reference;
+# Anthropic's errors page: ``billing_error``, and ``enforced_spend_limit_reached`` in ``details.error_code``)
+_QUOTA_KINDS = frozenset(
+    {
+        "insufficient_quota",
+        "credit_balance_exhausted",
+        "organization_spend_limit_exceeded",
+        "project_spend_limit_exceeded",
+        "organization_usage_limit_exceeded",
+        "billing_hard_limit_reached",
+        "billing_error",
+        "enforced_spend_limit_reached",
+        "contract_spend_limit_reached",
+        "linked_organization_spend_limit_reached",
+    }
+)
+_NO_CREDIT = re.compile(
+    r"credit balance is too low|exceeded your current quota|spend(ing)? limit", re.IGNORECASE
+)
+
+
+def category_of(exc: BaseException, sdk: Any) -> str | None:
+    """tether's category for an SDK status error, from the SDK's own exception classes.
+
+    Args:
+        exc: the SDK's exception (an ``APIStatusError``).
+        sdk: the SDK module (``anthropic`` or ``openai``); classes an SDK version lacks are skipped.
+
+    Returns:
+        ``overloaded``, ``rate_limit``, ``auth``, ``permission``, ``billing``, ``not_found``, ``server`` or
+        ``bad_request``; None for a class the table does not know (an error event inside a stream, which the
+        SDK raises with the stream's own 200 status).
+    """
+    for name, category in _SDK_CATEGORIES:
+        klass = getattr(sdk, name, None)
+        if isinstance(klass, type) and isinstance(exc, klass):
+            return category
+    return None
 
 
 def classify(
@@ -184,17 +265,23 @@ def classify(
     code: str | None = None,
     headers: Mapping[str, str] | None = None,
     key_hint: str = "",
+    category: str | None = None,
 ) -> ProviderError:
     """The tether error for a provider's error response (or an error event inside a stream).
 
+    The decision is keyed on ``category`` (from the SDK's exception class, ``category_of``) and on the body's
+    ``error_type`` and ``code``; the HTTP status decides only when neither says anything (an SDK class the
+    table does not know).
+
     Args:
         provider: ``anthropic`` or ``openai``, used in the message.
-        status: the HTTP status; None for an error event inside a stream (then ``error_type`` decides).
+        status: the HTTP status; None for an error event inside a stream.
         message: the provider's own text.
-        error_type: the provider's error type (``overloaded_error``, ``invalid_request_error``...).
+        error_type: the provider's error type (``overloaded_error``, ``insufficient_quota``...).
         code: the provider's error code (``context_length_exceeded``, ``rate_limit_exceeded``...).
         headers: the response headers, for ``retry-after``.
         key_hint: how the API key is given (``ANTHROPIC_API_KEY or AnthropicModel(api_key=...)``).
+        category: what the SDK's exception class says (``category_of``).
     """
     said = (message or "").strip().rstrip(".")  # the message goes on with ". Fix: ..."
     if len(said) > 500:
@@ -204,15 +291,30 @@ def classify(
     detail = f" ({where}, {label})" if label else f" ({where})"
     text = f": {said}" if said else ""
     kinds = " ".join(k for k in (error_type, code) if k).lower()
+    if category is None and status is not None:
+        category = _STATUS_CATEGORIES.get(status) or ("overloaded" if status == 529 else None)
+        if category is None:
+            category = "server" if status >= 500 else "bad_request" if status >= 400 else None
     fields: dict[str, Any] = {"provider": provider, "status_code": status, "error_type": code or error_type}
     retry_after = parse_retry_after(headers)
-    if status == 529 or "overloaded" in kinds:
+    if (
+        category == "billing"
+        or {error_type, code} & _QUOTA_KINDS
+        or (category in ("rate_limit", "bad_request", "permission") and _NO_CREDIT.search(said))
+    ):
+        return QuotaExceededError(
+            f"{provider}: the account has no quota or credit left{detail}{text}. Fix: add credits or raise "
+            f"the spend limit in the {provider} account, or use another API key ({key_hint or 'the API key'}); "
+            "waiting does not help, so tether does not retry",
+            **fields,
+        )
+    if category == "overloaded" or "overloaded" in kinds:
         return OverloadedError(
             f"{provider} is overloaded{detail}{text}. Fix: nothing; tether retries (Agent(model_retries=...))",
             retry_after=retry_after,
             **fields,
         )
-    if status == 429 or "rate_limit" in kinds:
+    if category == "rate_limit" or "rate_limit" in kinds:
         wait = f" after {retry_after:g}s" if retry_after is not None else ""
         return RateLimitError(
             f"{provider} rate limit{detail}{text}. Fix: nothing; tether retries{wait} (Agent(model_retries=...)); "
@@ -220,11 +322,12 @@ def classify(
             retry_after=retry_after,
             **fields,
         )
-    if status in (401, 403) or "authentication" in kinds or "permission" in kinds:
+    if category in ("auth", "permission") or "authentication" in kinds or "permission" in kinds:
         fix = f"check {key_hint}" if key_hint else "check the API key"
-        what = "refused the API key" if status != 403 and "permission" not in kinds else "denied permission"
+        denied = category == "permission" or "permission" in kinds
+        what = "denied permission" if denied else "refused the API key"
         return AuthenticationError(f"{provider} {what}{detail}{text}. Fix: {fix}", **fields)
-    if (status is None or 400 <= status < 500) and (
+    if category in ("bad_request", "not_found", None) and (
         _CONTEXT_TOO_LONG.search(said) or "context_length" in kinds
     ):
         return ContextTooLongError(
@@ -232,10 +335,8 @@ def classify(
             "results or conversation (start a new run with a summary), or use a model with a longer context",
             **fields,
         )
-    if (
-        status in (408, 409)
-        or (status is not None and status >= 500)
-        or (status is None and ("api_error" in kinds or "server_error" in kinds or not kinds))
+    if category == "server" or (
+        category is None and ("api_error" in kinds or "server_error" in kinds or not kinds)
     ):
         return ServerError(
             f"{provider} server error{detail}{text}. Fix: nothing; tether retries (Agent(model_retries=...))",

@@ -6,7 +6,8 @@ Wire format, from tether's messages:
 - ``system``: the instructions (a text block with ``cache_control`` when ``cache``).
 - ``user`` messages: text and images (``{"type": "image", "source": {"type": "base64", ...}}``).
 - ``assistant`` messages: text, ``tool_use`` (``id`` = the call's ``provider_call_id``) and the provider blocks the
-  model sent (``thinking`` with its signature, ``redacted_thinking``), unchanged.
+  model sent (``thinking`` with its signature, ``redacted_thinking``), unchanged; other providers' raw items
+  (``{"type": "provider", ...}``, the Responses API's reasoning) are left out.
 - ``tool`` messages: one user message of ``tool_result`` blocks (``tool_use_id`` = ``provider_call_id``,
   ``is_error`` for outcomes other than ``done``), text and images.
 - consecutive messages of one role are merged (the API wants user and assistant to alternate).
@@ -36,6 +37,7 @@ from ._http_errors import (
     InvalidResponseError,
     PerLoop,
     ProviderError,
+    category_of,
     classify,
     connection_failed,
     emit_text,
@@ -251,6 +253,7 @@ class AnthropicModel:
                 code=code,
                 headers=exc.response.headers,
                 key_hint=self._key_hint,
+                category=category_of(exc, _sdk) if status is not None else None,
             )
         if isinstance(exc, _sdk.APIConnectionError) or is_transport_error(exc):
             return connection_failed("anthropic", exc)
@@ -322,7 +325,7 @@ def _content(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 out.append(_text(block))
         elif kind == "image" and "data" in block:
             out.append(_image(block))
-        elif kind not in _TETHER_TYPES:
+        elif kind not in _TETHER_TYPES and kind != "provider":  # another provider's raw items stay out
             out.append(dict(block))
     return out
 

@@ -40,9 +40,13 @@ class ModelReply:
 
     Attributes:
         content: content blocks; tool calls are ``{"type": "tool_call", "name", "args", "provider_call_id"}``
-            (tether assigns the ``id``).
-        stop_reason: the provider's stop reason (``end_turn``, ``tool_use``, ``max_tokens``, ...).
-        usage: token counts (``input_tokens``, ``output_tokens``, cache counts).
+            (tether assigns the ``id``); items a provider needs back that tether has no block for are
+            ``{"type": "provider", "provider": <adapter>, "item": {...}}`` (Anthropic's ``thinking`` blocks
+            stay as Anthropic sends them).
+        stop_reason: the provider's stop reason (``end_turn``, ``tool_use``, ``stop``, ``tool_calls``, ...).
+        usage: token counts, each token in one of them: ``input_tokens`` (input not read from or written
+            to a cache), ``cache_read_input_tokens``, ``cache_creation_input_tokens``, ``output_tokens``, as
+            Anthropic reports them (docs/decisions.md, "Providers").
         model: the model name the provider reported.
     """
 

@@ -15,9 +15,10 @@ Wire format, from tether's messages:
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 try:
@@ -35,6 +36,7 @@ from ._http_errors import (
     InvalidResponseError,
     PerLoop,
     ProviderError,
+    category_of,
     classify,
     connection_failed,
     emit_text,
@@ -47,9 +49,26 @@ from .base import ModelReply, ModelRequest, TextCallback
 
 _SERVER = "an OpenAI-compatible server (usually ending in /v1)"
 
-__all__ = ["OpenAIModel", "from_name"]
+__all__ = ["OpenAIModel", "convert_error", "from_name", "make_client", "usage_of"]
 
 _NO_KEY = "not-needed"
+
+
+def openai_key(api_key: str | None, base_url: str | None, how: str) -> str:
+    """The API key an OpenAI adapter sends: ``api_key``, else ``OPENAI_API_KEY``; a placeholder for a local server.
+
+    Args:
+        how: how to pass a key to this adapter, for the error.
+
+    Raises:
+        ValueError: no key and no ``base_url`` (nor ``OPENAI_BASE_URL``).
+    """
+    key = api_key or os.environ.get("OPENAI_API_KEY")
+    if key:
+        return key
+    if not (base_url or os.environ.get("OPENAI_BASE_URL")):
+        raise ValueError(f"OPENAI_API_KEY is not set. Fix: export OPENAI_API_KEY=... or pass {how}")
+    return _NO_KEY
 
 
 class OpenAIModel:
@@ -86,14 +105,11 @@ class OpenAIModel:
     ) -> None:
         if not model or not isinstance(model, str):
             raise ValueError(f"model {model!r} is not a model name. Fix: pass e.g. 'gpt-4.1-mini'")
-        key = api_key or os.environ.get("OPENAI_API_KEY")
-        if not key:
-            if not (base_url or os.environ.get("OPENAI_BASE_URL")):
-                raise ValueError(
-                    "OPENAI_API_KEY is not set. Fix: export OPENAI_API_KEY=... or pass "
-                    "OpenAIModel(..., api_key=...) (for a local server: OpenAIModel(name, base_url=...))"
-                )
-            key = _NO_KEY
+        key = openai_key(
+            api_key,
+            base_url,
+            "OpenAIModel(..., api_key=...) (for a local server: OpenAIModel(name, base_url=...))",
+        )
         self.name = model
         self.base_url = base_url
         self.timeout = timeout
@@ -112,15 +128,7 @@ class OpenAIModel:
         return f"OpenAIModel({self.name!r}{where})"
 
     def _make_client(self) -> Any:
-        options: dict[str, Any] = {
-            "api_key": self._api_key,
-            "timeout": self.timeout,
-            "max_retries": 0,  # the driver retries (DESIGN 5.5)
-            "default_headers": self.extra_headers or None,
-        }
-        if self.base_url:
-            options["base_url"] = self.base_url
-        return _sdk.AsyncOpenAI(**options, **_http_client(self.timeout))
+        return make_client(self._api_key, self.base_url, self.timeout, self.extra_headers)
 
     async def aclose(self) -> None:
         """Close the running event loop's SDK client (a new one is made on the next request)."""
@@ -185,49 +193,129 @@ class OpenAIModel:
     ) -> ModelReply:
         stream = await client.chat.completions.create(**_sdk_arguments(body))
         reply = _StreamedReply(index, on_text)
-        direct = await read_stream(
-            stream,
-            provider="openai",
-            server=_SERVER,
-            base_url=self.base_url,
-            on_json=lambda body: _reply_from_completion(body, index, on_text),
-            feed=reply.feed,
-        )
+        end = _StreamEnd()
+        token = _STREAM_END.set(end)
+        try:
+            direct = await read_stream(
+                stream,
+                provider="openai",
+                server=_SERVER,
+                base_url=self.base_url,
+                on_json=lambda body: _reply_from_completion(body, index, on_text),
+                feed=reply.feed,
+            )
+        finally:
+            _STREAM_END.reset(token)
         if direct is not None:  # a server that ignored stream=true
             return direct
-        if reply.finish_reason is None:
+        if reply.finish_reason is None and end.watched and not end.done:
             raise ConnectionFailed(
-                "openai: the stream ended before the reply finished (no finish_reason; cut mid-way). Fix: "
-                "nothing; tether asks again",
+                "openai: the stream ended before the reply finished (neither a finish_reason nor data: [DONE]; "
+                "cut mid-way). Fix: nothing; tether asks again",
                 provider="openai",
             )
         return reply.finish()
 
     def _convert(self, exc: BaseException) -> ProviderError | None:
         """The tether error for an SDK or transport exception (None: not a provider error)."""
-        if isinstance(exc, _sdk.APIStatusError):
-            message, kind, code = error_fields(exc.body)
-            return classify(
-                "openai",
-                status=exc.status_code,
-                message=message or exc.message,
-                error_type=kind,
-                code=code,
-                headers=exc.response.headers,
-                key_hint=self._key_hint,
-            )
-        if isinstance(exc, _sdk.APIConnectionError) or is_transport_error(exc):
-            return connection_failed("openai", exc)
-        if isinstance(exc, _sdk.APIResponseValidationError | json.JSONDecodeError):
-            return InvalidResponseError(
-                f"openai: the server's reply could not be read ({type(exc).__name__}: {str(exc)[:300]}). "
-                f"Fix: check base_url ({self.base_url or 'the default'}) points at an OpenAI-compatible server",
-                provider="openai",
-            )
-        if isinstance(exc, _sdk.APIError):  # an error object inside the stream
-            message, kind, code = error_fields(exc.body)
-            return classify("openai", status=None, message=message or exc.message, error_type=kind, code=code)
-        return None
+        return convert_error(exc, key_hint=self._key_hint, base_url=self.base_url)
+
+
+def convert_error(exc: BaseException, *, key_hint: str, base_url: str | None) -> ProviderError | None:
+    """The tether error for an ``openai`` SDK or transport exception (None: not a provider error).
+
+    Shared by the Chat Completions and Responses adapters (one SDK, one set of exception classes). The
+    decision is keyed on the SDK's exception class and the body's ``type`` and ``code`` (``classify``).
+    """
+    if isinstance(exc, _sdk.APIStatusError):
+        message, kind, code = error_fields(exc.body)
+        return classify(
+            "openai",
+            status=exc.status_code,
+            message=message or exc.message,
+            error_type=kind,
+            code=code,
+            headers=exc.response.headers,
+            key_hint=key_hint,
+            category=category_of(exc, _sdk),
+        )
+    if isinstance(exc, _sdk.APIConnectionError) or is_transport_error(exc):
+        return connection_failed("openai", exc)
+    if isinstance(exc, _sdk.APIResponseValidationError | json.JSONDecodeError):
+        return InvalidResponseError(
+            f"openai: the server's reply could not be read ({type(exc).__name__}: {str(exc)[:300]}). "
+            f"Fix: check base_url ({base_url or 'the default'}) points at an OpenAI-compatible server",
+            provider="openai",
+        )
+    if isinstance(exc, _sdk.APIError):  # an error object inside the stream
+        message, kind, code = error_fields(exc.body)
+        return classify(
+            "openai",
+            status=None,
+            message=message or exc.message,
+            error_type=kind,
+            code=code,
+            key_hint=key_hint,
+        )
+    return None
+
+
+class _StreamEnd:
+    """What the stream being read showed of its end: whether its SSE decoder ran, and saw ``data: [DONE]``."""
+
+    __slots__ = ("done", "watched")
+
+    def __init__(self) -> None:
+        self.watched = False
+        self.done = False
+
+
+_STREAM_END: contextvars.ContextVar[_StreamEnd | None] = contextvars.ContextVar(
+    "tether_openai_end", default=None
+)
+
+
+class _WatchingDecoder:
+    """The SDK's own SSE decoder, noting ``data: [DONE]`` for the stream the running task reads.
+
+    The SDK reads ``[DONE]`` itself and ends the iteration without passing it on, so without this a stream
+    that ended with ``[DONE]`` and a stream that the server closed early look the same.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def iter_bytes(self, iterator: Iterator[bytes]) -> Any:
+        return self._inner.iter_bytes(iterator)
+
+    async def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+        end = _STREAM_END.get()
+        if end is not None:
+            end.watched = True
+        async for event in self._inner.aiter_bytes(iterator):
+            if end is not None and isinstance(event.data, str) and event.data.startswith("[DONE]"):
+                end.done = True
+            yield event
+
+
+class _Client(_sdk.AsyncOpenAI):
+    """``AsyncOpenAI`` whose streams note ``[DONE]`` (``_make_sse_decoder`` is the SDK's hook for decoders)."""
+
+    def _make_sse_decoder(self) -> Any:
+        return _WatchingDecoder(super()._make_sse_decoder())
+
+
+def make_client(api_key: str, base_url: str | None, timeout: float, headers: Mapping[str, str]) -> Any:
+    """An SDK client with the SDK's retries off (the driver retries, DESIGN 5.5)."""
+    options: dict[str, Any] = {
+        "api_key": api_key,
+        "timeout": timeout,
+        "max_retries": 0,
+        "default_headers": dict(headers) or None,
+    }
+    if base_url:
+        options["base_url"] = base_url
+    return _Client(**options, **_http_client(timeout))
 
 
 def _sdk_arguments(body: dict[str, Any]) -> dict[str, Any]:
@@ -344,17 +432,36 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return as_dict(value, "openai", _SERVER)
 
 
-def _usage(usage: Any) -> dict[str, int]:
-    """tether's usage names from OpenAI's (``prompt_tokens`` includes cached tokens)."""
+def usage_of(
+    usage: Any,
+    *,
+    input_key: str = "prompt_tokens",
+    output_key: str = "completion_tokens",
+    details_key: str = "prompt_tokens_details",
+) -> dict[str, int]:
+    """tether's usage (docs/decisions.md, "Usage") from an OpenAI usage object.
+
+    OpenAI's input count (``prompt_tokens``; the Responses API's ``input_tokens``) already includes the
+    ``cached_tokens`` (and ``cache_write_tokens``) of its details; tether's ``input_tokens`` is the uncached
+    rest, so that no token is counted, or charged, twice. The keys are the Chat Completions ones by default.
+    """
     if not isinstance(usage, Mapping):
         return {}
-    out: dict[str, int] = {}
-    for ours, theirs in (("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens")):
-        value = usage.get(theirs)
-        out[ours] = value if isinstance(value, int) else 0
-    details = usage.get("prompt_tokens_details")
-    if isinstance(details, Mapping) and isinstance(details.get("cached_tokens"), int):
-        out["cache_read_input_tokens"] = details["cached_tokens"]
+    total, output = usage.get(input_key), usage.get(output_key)
+    total = total if isinstance(total, int) else 0
+    details = usage.get(details_key)
+    details = details if isinstance(details, Mapping) else {}
+    cached, written = details.get("cached_tokens"), details.get("cache_write_tokens")
+    cached = cached if isinstance(cached, int) and cached > 0 else 0
+    written = written if isinstance(written, int) and written > 0 else 0
+    out = {
+        "input_tokens": max(0, total - cached - written),
+        "output_tokens": output if isinstance(output, int) else 0,
+    }
+    if "cached_tokens" in details:
+        out["cache_read_input_tokens"] = cached
+    if written:
+        out["cache_creation_input_tokens"] = written
     return out
 
 
@@ -387,7 +494,9 @@ def _reply(
         content.append(
             {"type": "tool_call", "name": name, "args": _parse_args(arguments), "provider_call_id": call_id}
         )
-    return ModelReply(content, finish, _usage(usage), model if isinstance(model, str) else None)
+    if finish is None:  # a stream that ended with [DONE] but no finish_reason (some gateways): it finished
+        finish = "tool_calls" if calls else "stop"
+    return ModelReply(content, finish, usage_of(usage), model if isinstance(model, str) else None)
 
 
 def _reply_from_completion(

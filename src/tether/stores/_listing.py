@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -11,7 +11,25 @@ import orjson
 
 from ._records import RunInfo
 
-__all__ = ["ListCursor", "ListQuery", "as_cutoff", "listing_key"]
+__all__ = ["ListCursor", "ListQuery", "as_cutoff", "check_metadata_filter", "listing_key"]
+
+
+def check_metadata_filter(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """``list(metadata=...)``'s pairs (every one must match exactly), checked.
+
+    Raises:
+        ValueError: not a mapping of strings to strings.
+    """
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise ValueError(
+            f"metadata filter {metadata!r} is not a dict of strings to strings. Fix: pass e.g. "
+            'metadata={"user": "u42"}'
+        )
+    return dict(metadata)
 
 
 def as_cutoff(value: datetime | timedelta | str) -> str:
@@ -101,13 +119,15 @@ class ListQuery:
 
     ``equal`` holds the exact-match filters given (``status``, ``agent``, ``parent_id``, ``root_id``, by
     column name), ``before`` and ``after`` the strict ``updated_at`` bounds (``as_cutoff``), ``cursor`` the
-    decoded listing cursor. Stores that list in Python call ``select``; SQL stores say the same in SQL.
+    decoded listing cursor, ``metadata`` the pairs a run's metadata must all hold. Stores that list in
+    Python call ``select``; SQL stores say the same in SQL.
     """
 
     equal: dict[str, str]
     before: str | None
     after: str | None
     cursor: ListCursor
+    metadata: dict[str, str]
 
     @classmethod
     def of(
@@ -120,23 +140,26 @@ class ListQuery:
         updated_before: datetime | str | None,
         updated_after: datetime | str | None,
         cursor: str | None,
+        metadata: Mapping[str, str] | None = None,
     ) -> ListQuery:
-        """Read ``list``'s arguments (the cursor first, then the bounds).
+        """Read ``list``'s arguments (the cursor first, then the bounds, then the metadata pairs).
 
         Raises:
-            ValueError: a bad cursor or time bound.
+            ValueError: a bad cursor, time bound or metadata filter.
         """
         here = ListCursor.decode(cursor)
         before = as_cutoff(updated_before) if updated_before is not None else None
         after = as_cutoff(updated_after) if updated_after is not None else None
         given = {"status": status, "agent": agent, "parent_id": parent_id, "root_id": root_id}
-        return cls({k: v for k, v in given.items() if v is not None}, before, after, here)
+        equal = {k: v for k, v in given.items() if v is not None}
+        return cls(equal, before, after, here, check_metadata_filter(metadata))
 
     def admits(self, info: RunInfo) -> bool:
         """Whether the run passes every filter and belongs to the rest of the cursor's pass."""
         updated = info.updated_at or ""
         return (
             all(getattr(info, column) == value for column, value in self.equal.items())
+            and all(info.metadata.get(key) == value for key, value in self.metadata.items())
             and (self.before is None or updated < self.before)
             and (self.after is None or updated > self.after)
             and self.cursor.admits(info)

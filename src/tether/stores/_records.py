@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import journal as j
@@ -75,7 +75,7 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class RunInfo:
-    """One run as ``store.list()`` shows it."""
+    """One run as ``store.list()`` shows it; ``metadata`` is the run's (``run_started``), ``{}`` when none."""
 
     id: str
     agent: str | None
@@ -91,6 +91,7 @@ class RunInfo:
     length: int = 0
     inbox_len: int = 0
     inbox_consumed: int = -1
+    metadata: dict[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def unconsumed(self) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import builtins
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -89,7 +89,8 @@ class Store(abc.ABC):
             ``inbox_length > info["inbox_consumed"] + 1`` (``RunInfo.unconsumed``).
         info: the listing record the writer passes with each ``create`` and ``append`` (``State.info()``:
             agent, status, turn, created_at, updated_at, first_message, parent_id, root_id,
-            inbox_consumed). Stores keep the last one and never fold entries.
+            inbox_consumed, and ``metadata`` when the run has any). Stores keep the last one and never fold
+            entries; ``metadata`` never changes after ``create``.
     """
 
     ttl: float | None = None
@@ -267,18 +268,21 @@ class Store(abc.ABC):
         updated_after: datetime | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> list[RunInfo]:
         """Up to ``limit`` runs, most recently updated first: by ``(updated_at, id)``, highest first.
 
         Filters combine with AND: ``status``, ``agent``, ``parent_id``, ``root_id`` match exactly (a root's
-        ``root_id`` is its own id); ``updated_before``/``updated_after`` are strict bounds (``as_cutoff``
-        turns a datetime or ISO string into the stored form). ``cursor`` resumes a listing where a page
+        ``root_id`` is its own id); ``metadata`` keeps the runs whose metadata holds every pair given, each
+        exactly (``RunInfo.metadata``, from ``info["metadata"]``, set when the run is created);
+        ``updated_before``/``updated_after`` are strict bounds (``as_cutoff`` turns a datetime or ISO string
+        into the stored form). Read the arguments with ``ListQuery.of``. ``cursor`` resumes a listing where a page
         ended: decode it with ``ListCursor.decode`` and keep the runs ``ListCursor.admits``. Page with
         ``list_page``, which makes the cursors. ``lease_owner`` is ``host:pid`` while the run is held.
         A run whose records cannot be read is listed (status ``damaged``) rather than breaking the listing.
 
         Raises:
-            ValueError: a bad cursor or time bound.
+            ValueError: a bad cursor, time bound or metadata filter.
         """
 
     @abc.abstractmethod
@@ -422,7 +426,7 @@ class Store(abc.ABC):
         after which no call is open (after the last ``tool_finished`` of a reply, or right after a reply
         without calls, a message or a stop); a driver's bookkeeping after it (``run_resumed``,
         ``run_released``, ``model_failed``, ...) is left out. The new run's journal is a new ``run_started`` (the source's agent,
-        fingerprint and budgets, ``forked_from {"id": run_id, "seq": boundary}``) followed by the source's
+        fingerprint, budgets, output type and metadata, ``forked_from {"id": run_id, "seq": boundary}``) followed by the source's
         entries 1..boundary with the same seqs, kinds, fields and times, re-sealed as one append by a new
         writer (``w`` and ``h`` cover the seq, so they are new). Inherited ``tool_started`` entries keep their
         idempotency keys. Inherited entries that came from the source's inbox lose that link (``inbox_seq``
@@ -448,6 +452,7 @@ class Store(abc.ABC):
         updated_after: datetime | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> tuple[builtins.list[RunInfo], str | None]:
         """One page of ``list`` and the cursor of the next page (None: there is no more).
 
@@ -457,7 +462,7 @@ class Store(abc.ABC):
         on ``list``.
 
         Raises:
-            ValueError: a bad cursor, time bound or limit.
+            ValueError: a bad cursor, time bound, metadata filter or limit.
         """
         if limit < 1:
             raise ValueError(f"limit {limit} is not positive. Fix: pass limit >= 1")
@@ -469,6 +474,8 @@ class Store(abc.ABC):
             "updated_before": updated_before,
             "updated_after": updated_after,
         }
+        if metadata:
+            filters["metadata"] = metadata
         here = ListCursor.decode(cursor)
         found = self.list(**filters, limit=limit + 1, cursor=cursor)
         page = found[:limit]

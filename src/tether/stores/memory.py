@@ -6,7 +6,7 @@ import builtins
 import threading
 import time
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -208,6 +208,7 @@ class MemoryStore(Store):
         updated_after: datetime | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> builtins.list[RunInfo]:
         query = ListQuery.of(
             status=status,
@@ -217,6 +218,7 @@ class MemoryStore(Store):
             updated_before=updated_before,
             updated_after=updated_after,
             cursor=cursor,
+            metadata=metadata,
         )
         with self._lock:
             infos = self._infos()
@@ -243,6 +245,7 @@ class MemoryStore(Store):
             length=len(run.entries),
             inbox_len=len(run.inbox),
             inbox_consumed=int(info.get("inbox_consumed", -1)),
+            metadata=dict(info.get("metadata") or {}),
         )
 
     def delete(self, run_id: str, *, children: bool = False) -> None:

@@ -385,6 +385,8 @@ def fork(store: Primitives, run_id: str, at_seq: int | None, new_id: str | None)
         budgets=started.budgets,
         root_id=state.id,
         forked_from={"id": run_id, "seq": boundary},
+        output_type=started.output_type,
+        metadata=started.metadata,  # a fork lists under its source's metadata
     )
     for entry in entries[1 : boundary + 1]:
         state.apply(_inherited(entry))

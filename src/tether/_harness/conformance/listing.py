@@ -17,11 +17,13 @@ from .support import (
     ConformanceBase,
     add,
     ago,
+    append_sealed,
     comparable,
     journal_inbox,
     make_run,
     make_sealed,
     message,
+    messages,
     writer_of,
 )
 
@@ -84,6 +86,33 @@ class ListingCases(ConformanceBase):
         assert seen[:3] == ["a3", "a2", "a1"] and set(seen) == {"a1", "a2", "a3", "a4"}
         with pytest.raises(ValueError, match="cursor"):
             store.list(cursor="garbage!")
+
+    def test_list_by_metadata(self, store: Store) -> None:
+        one = {"user": "u1", "tenant": "t1", "a.b": "dotted key", "note": 'Zoë\'s "quote"'}
+        two = {"user": "u2", "tenant": "t1"}
+        make_sealed(store, "m1", metadata=one, updated_at=ago(30))
+        writer, lease = make_sealed(store, "m2", held=True, metadata=two, updated_at=ago(20))
+        make_sealed(store, "m3", updated_at=ago(10))  # no metadata at all
+        assert lease is not None
+        append_sealed(store, "m2", lease, messages(2, 1, writer), metadata=two, updated_at=ago(5))
+        assert [i.id for i in store.list()] == ["m2", "m3", "m1"]
+        by_id = {i.id: i for i in store.list()}
+        assert (by_id["m1"].metadata, by_id["m2"].metadata, by_id["m3"].metadata) == (one, two, {})
+        assert [i.id for i in store.list(metadata={"user": "u1"})] == ["m1"]
+        assert [i.id for i in store.list(metadata={"tenant": "t1"})] == ["m2", "m1"]
+        assert [i.id for i in store.list(metadata={"tenant": "t1", "user": "u2"})] == ["m2"]  # every pair
+        assert [i.id for i in store.list(metadata={"tenant": "t1", "user": "u3"})] == []
+        assert [i.id for i in store.list(metadata={"user": "u"})] == []  # exact, never a prefix
+        assert [i.id for i in store.list(metadata={"a.b": "dotted key", "note": one["note"]})] == ["m1"]
+        assert [i.id for i in store.list(metadata={"tenant": "t1"}, updated_before=ago(15))] == ["m1"]
+        assert [i.id for i in store.list(metadata={"tenant": "t1"}, agent="b")] == []
+        assert [i.id for i in store.list(metadata={})] == ["m2", "m3", "m1"]  # no pair: no filter
+        page, cursor = store.list_page(metadata={"tenant": "t1"}, limit=1)
+        assert [i.id for i in page] == ["m2"] and cursor is not None
+        page, cursor = store.list_page(metadata={"tenant": "t1"}, limit=1, cursor=cursor)
+        assert [i.id for i in page] == ["m1"] and cursor is None
+        with pytest.raises(ValueError, match="metadata"):
+            store.list(metadata={"user": 1})  # type: ignore[dict-item]
 
     def test_keyset_pages_while_runs_are_added_and_updated(self, store: Store) -> None:
         states = {}

@@ -12,7 +12,7 @@ import dataclasses
 import fcntl
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -49,6 +49,13 @@ class Held:
     owner: Owner
 
 
+def _metadata(raw: object) -> dict[str, str]:
+    """A listing line's metadata (a damaged one lists as none)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): v for k, v in raw.items() if isinstance(v, str)}
+
+
 def owner_in(lpath: str) -> Owner | None:
     content = fl.read_lock(lpath)
     return Owner.from_dict(content) if content.get("pid") else None
@@ -81,6 +88,7 @@ class FileListing(Store):
         updated_after: datetime | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> builtins.list[RunInfo]:
         query = ListQuery.of(
             status=status,
@@ -90,6 +98,7 @@ class FileListing(Store):
             updated_before=updated_before,
             updated_after=updated_after,
             cursor=cursor,
+            metadata=metadata,
         )
         return query.select(self._scan(), limit)
 
@@ -147,6 +156,7 @@ class FileListing(Store):
             length=tail.length,
             inbox_len=fl.inbox_count(ipath),
             inbox_consumed=fl.as_int(record.get("inbox_consumed"), -1),
+            metadata=_metadata(record.get("metadata")),
         )
 
     def delete(self, run_id: str, *, children: bool = False) -> None:

@@ -59,6 +59,9 @@ MIGRATIONS: builtins.list[tuple[str, ...]] = [
         "CREATE INDEX runs_root ON runs (root_id, updated_at DESC, id DESC)",
         f"CREATE INDEX runs_work ON runs (updated_at, id) WHERE {WORK}",
     ),
+    (  # 2: run metadata (DESIGN 18): list(metadata=...) is ``info -> 'metadata' @> pairs`` on this index
+        "CREATE INDEX runs_metadata ON runs USING GIN ((info -> 'metadata') jsonb_path_ops)",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -67,8 +70,11 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 LISTED = (
     "id, agent, status, first_message, created_at, updated_at, turn, parent_id, root_id, lease_owner, "
-    f"{EPOCH}, {LIVE}, length, inbox_len, inbox_consumed"
+    f"{EPOCH}, {LIVE}, length, inbox_len, inbox_consumed, info -> 'metadata'"
 )
+HAS_METADATA = "info -> 'metadata' @> %s"
+"""A listing filter: the run's metadata holds every pair of the parameter (a JSONB object); uses
+``runs_metadata``."""
 SET_LISTING = (
     "agent = %s, status = %s, turn = %s, first_message = %s, created_at = %s, updated_at = %s, "
     "parent_id = %s, root_id = %s, info = %s"
@@ -126,6 +132,7 @@ def info_of(row: Sequence[Any]) -> RunInfo:
         turn=int(row[6]), parent_id=row[7], root_id=row[8],
         lease_owner=f"{owner.host}:{owner.pid}" if owner else None, lease_expires_at=row[10] if owner else None,
         length=int(row[12]), inbox_len=int(row[13]), inbox_consumed=int(row[14]),
+        metadata=dict(row[15]) if isinstance(row[15], dict) else {},
     )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -49,6 +49,7 @@ from ._sql import (
     CHANNEL,
     EPOCH,
     FREE,
+    HAS_METADATA,
     LISTED,
     LIVE,
     MIGRATIONS,
@@ -553,13 +554,16 @@ class PostgresStore(Store):
     def list(self, *, status: str | None = None, agent: str | None = None, parent_id: str | None = None,
              root_id: str | None = None, updated_before: datetime | str | None = None,
              updated_after: datetime | str | None = None, limit: int = 100,
-             cursor: str | None = None) -> builtins.list[RunInfo]:  # fmt: skip
+             cursor: str | None = None, metadata: Mapping[str, str] | None = None) -> builtins.list[RunInfo]:  # fmt: skip
         query = ListQuery.of(status=status, agent=agent, parent_id=parent_id, root_id=root_id,
-                             updated_before=updated_before, updated_after=updated_after, cursor=cursor)  # fmt: skip
+                             updated_before=updated_before, updated_after=updated_after, cursor=cursor,
+                             metadata=metadata)  # fmt: skip
         here = query.cursor
         where: builtins.list[tuple[str, Any]] = [
             (f"{column} = %s", value) for column, value in query.equal.items()
         ]
+        if query.metadata:
+            where.append((HAS_METADATA, as_json(query.metadata)))
         where += [(f"updated_at {op} %s", bound) for op, bound in (("<", query.before), (">", query.after))
                   if bound is not None]  # fmt: skip
         if here.since is not None:

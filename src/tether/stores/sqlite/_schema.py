@@ -5,7 +5,17 @@ See ``tether.stores.sqlite``.
 
 from __future__ import annotations
 
-__all__ = ["FREE", "HELD", "LISTED", "MIGRATIONS", "NEXT", "SCHEMA_VERSION", "WORK"]
+__all__ = [
+    "FREE",
+    "HELD",
+    "INSERT_METADATA",
+    "LISTED",
+    "METADATA_PAIR",
+    "MIGRATIONS",
+    "NEXT",
+    "SCHEMA_VERSION",
+    "WORK",
+]
 
 WORK = "parent_id IS NULL AND (status IN ('running', 'waiting') OR inbox_len > inbox_consumed + 1)"
 """Roots that may need work; the partial index ``runs_work`` covers exactly these (its text must match)."""
@@ -46,6 +56,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX runs_parent ON runs (parent_id, updated_at DESC, id DESC)",
         "CREATE INDEX runs_root ON runs (root_id, updated_at DESC, id DESC)",
     ),
+    (  # 3: run metadata (DESIGN 18), one row per pair, indexed by pair for list(metadata=...). Runs made
+        # before it have none: the listing record held no metadata until this schema.
+        "CREATE TABLE run_metadata (run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, "
+        "key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (run_id, key))",
+        "CREATE INDEX run_metadata_pairs ON run_metadata (key, value, run_id)",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 """The schema this tether writes; a file with a higher ``user_version`` is refused."""
@@ -55,5 +71,10 @@ FREE = "(lease_owner IS NULL OR COALESCE(lease_expires_at <= ?, 0))"
 """Not held (parameter: now); never NULL, so it may be negated."""
 LISTED = (
     "id, agent, status, first_message, created_at, updated_at, turn, parent_id, root_id, lease_owner, "
-    "lease_expires_at, length, inbox_len, inbox_consumed"
+    "lease_expires_at, length, inbox_len, inbox_consumed, "
+    "CASE WHEN json_valid(info) THEN json_extract(info, '$.metadata') END"
 )
+INSERT_METADATA = "INSERT INTO run_metadata (run_id, key, value) VALUES (?, ?, ?)"
+"""One metadata pair of a new run (parameters: run id, key, value); metadata never changes after create."""
+METADATA_PAIR = "id IN (SELECT run_id FROM run_metadata WHERE key = ? AND value = ?)"
+"""A listing filter: the run's metadata holds this pair (parameters: key, value)."""

@@ -1,6 +1,6 @@
 """SQLiteStore: runs in one SQLite file, on the standard library's ``sqlite3`` (DESIGN 8.2, DURABILITY 2-4).
 
-Three tables (schema version in ``PRAGMA user_version``, migrations applied in order at open):
+Four tables (schema version in ``PRAGMA user_version``, migrations applied in order at open):
 
 - ``runs``: one row per run with the listing record (agent, status, turn, first message, times, parent,
   root, and the writer's whole ``info`` as JSON), ``length`` (entries), ``inbox_len`` (posted items),
@@ -8,6 +8,7 @@ Three tables (schema version in ``PRAGMA user_version``, migrations applied in o
   ``lease_token``, ``lease_expires_at`` in epoch seconds of this machine's clock).
 - ``entries``: ``(run_id, seq, body)``, the body being ``encode_entry(entry)``.
 - ``inbox``: ``(run_id, inbox_seq, item_id, body)``, the body being ``InboxItem.to_dict()`` as JSON.
+- ``run_metadata``: ``(run_id, key, value)``, each metadata pair of a run, written at create, indexed by pair.
 
 Connections use WAL, ``synchronous=FULL``, a busy timeout and ``isolation_level=None``; every write is
 ``BEGIN IMMEDIATE … COMMIT``, so posts, appends, claims and releases on one run serialize on the database's
@@ -33,7 +34,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,9 @@ from ..base import (
 )
 from ._schema import FREE as _FREE
 from ._schema import HELD as _HELD
+from ._schema import INSERT_METADATA as _INSERT_METADATA
 from ._schema import LISTED as _LISTED
+from ._schema import METADATA_PAIR as _METADATA_PAIR
 from ._schema import MIGRATIONS as _MIGRATIONS
 from ._schema import NEXT as _NEXT
 from ._schema import SCHEMA_VERSION
@@ -256,6 +259,8 @@ class SQLiteStore(Store):
                      owner_json, 1 if owner is not None else 0, expires),
                 )  # fmt: skip
                 self._insert(conn, run_id, entries)
+                pairs = (info.get("metadata") or {}).items()
+                conn.executemany(_INSERT_METADATA, [(run_id, str(k), str(v)) for k, v in pairs])
         except sqlite3.IntegrityError:
             raise ValueError(
                 f"run {run_id} already exists. Fix: store.load({run_id!r}), or pick another id"
@@ -546,6 +551,7 @@ class SQLiteStore(Store):
         updated_after: datetime | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> builtins.list[RunInfo]:
         query = ListQuery.of(
             status=status,
@@ -555,10 +561,13 @@ class SQLiteStore(Store):
             updated_before=updated_before,
             updated_after=updated_after,
             cursor=cursor,
+            metadata=metadata,
         )
         here = query.cursor
         where: builtins.list[str] = [f"{column} = ?" for column in query.equal]
         params: builtins.list[Any] = list(query.equal.values())
+        where += [_METADATA_PAIR] * len(query.metadata)
+        params += [part for pair in query.metadata.items() for part in pair]
         for op, bound in (("<", query.before), (">", query.after), (">", here.since)):
             if bound is not None:
                 where.append(f"updated_at {op} ?")
@@ -583,6 +592,7 @@ class SQLiteStore(Store):
                     lease_owner=f"{owner.host}:{owner.pid}" if owner else None,
                     lease_expires_at=row[10] if owner else None,
                     length=int(row[11]), inbox_len=int(row[12]), inbox_consumed=int(row[13]),
+                    metadata=orjson.loads(row[14]) if row[14] else {},
                 )
             )  # fmt: skip
         return out

@@ -203,7 +203,9 @@ def demo() -> None:
     for run_id in ("refund-o2", "refund-o3"):
         state = agent.resume(run_id, deps=Deps(DB, "-"))  # finished: returned as it is, typed
         print(f"{run_id}:", state.status, type(state.output).__name__, state.output)
-    print("refunds:", [(order, amount) for order, amount, _ in DB.refunds])
+    print(
+        "refunds:", sorted((order, amount) for order, amount, _ in DB.refunds)
+    )  # the worker drives o2 and o3 at once
 
 
 if __name__ == "__main__":

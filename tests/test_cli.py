@@ -218,7 +218,7 @@ def test_show_prints_the_timeline(url: str) -> None:
         "It is sunny and 22C in London.",
     ):
         assert text in output
-    seqs = [line.split()[0] for line in output.splitlines() if line.strip()[:1].isdigit()]
+    seqs = [line.split()[0] for line in output.splitlines() if line.split() and line.split()[0].isdigit()]
     assert seqs == [str(n) for n in range(len(seqs))] and len(seqs) >= 6
 
 
@@ -252,7 +252,8 @@ def test_show_a_waiting_run_lists_pending_approvals(url: str) -> None:
     assert code == 0, output
     assert "approval_requested" in output and "status: waiting" in output
     pending = output[output.index("pending approvals:") :].splitlines()
-    assert 'send_email(to="bob@example.com")' in pending[1] and "asked" in pending[1]
+    assert 'c3_0  send_email(to="bob@example.com")' in pending[1] and "asked" in pending[2]
+    assert pending[3].split() == ["approve:", "tether", "approve", "waiting-run", "c3_0", "--store", url]
     assert "a resume will: nothing until the pending approvals are decided" in output
 
 
@@ -367,8 +368,9 @@ def test_timeline_summaries() -> None:
         ),
         j.RunStopped(seq=5, at="2025-01-31T12:05:01Z", status="completed", answer="Sunny."),
     ]
-    lines = timeline_lines(entries)
+    lines = timeline_lines(entries, dates=False)
     assert lines[0].split() == ["seq", "time", "kind", "summary"]
+    assert timeline_lines(entries)[1].split() == ["2025-01-31", "UTC"]  # the date and the zone
     assert (
         len({line.index(entry.kind) for line, entry in zip(lines[1:], entries, strict=True)}) == 1
     )  # aligned
@@ -475,14 +477,16 @@ def test_ls_filters_by_agent_parent_and_limit_on_sqlite(db: str) -> None:
     assert [run["id"] for run in json.loads(output)] == ["w2", "w1"]
     code, output = invoke("ls", "--store", db, "--json", "--parent", "root")
     assert [run["id"] for run in json.loads(output)] == ["kid"]
-    code, output = invoke("ls", "--store", db, "--limit", "2", "--json")
-    assert [run["id"] for run in json.loads(output)] == ["kid", "root"]
+    code, output = invoke("ls", "--store", db, "--limit", "2", "--json")  # two trees: root (with kid), w2
+    assert [run["id"] for run in json.loads(output)] == ["root", "kid", "w2"]
+    code, output = invoke("ls", "--store", db, "-n", "1", "--roots", "--json")
+    assert [run["id"] for run in json.loads(output)] == ["root"]
     code, output = invoke("ls", "--store", db)
     header, *rows = [line for line in output.splitlines() if line.strip()]
-    assert header.split()[:6] == ["id", "agent", "status", "turn", "updated", "parent"]
-    assert header.index("status") == rows[0].index("running (no owner)")  # aligned columns
-    assert [row.split()[0] for row in rows] == ["kid", "root", "w2", "w1"]
-    assert "root" in rows[0].split()[5:]  # the child's parent
+    assert header.split()[:5] == ["id", "agent", "status", "turn", "updated"]
+    assert header.index("status") == rows[0].index("waiting") == rows[1].index("running (no owner)")
+    assert [row.split()[0] for row in rows] == ["root", "└", "w2", "w1"]
+    assert rows[1].split()[:3] == ["└", "kid", "helper"]  # the child, under its root
     assert_clean_error(*invoke("ls", "--store", db, "--parent", "../x"))
 
 
@@ -496,13 +500,15 @@ def test_rm_deletes_refuses_held_runs_and_trees_need_children(db: str) -> None:
     lease = holder.claim("held", Owner.here())
     code, output = invoke("rm", "held", "--store", db)
     assert_clean_error(code, output)
-    assert "driven by pid" in output and "Fix: wait for it" in output
+    assert "driven by pid" in output and "Fix: wait for it, or tether cancel held" in output
     holder.abandon(lease)
     make_tree(db)
     code, output = invoke("rm", "root", "--store", db)
     assert_clean_error(code, output)
-    assert "has 1 subagent run. Fix: pass children=True" in output
-    assert_clean_error(*invoke("rm", "kid", "--store", db))  # through its root only
+    assert "run root has 1 subagent run. Fix: tether rm root --children" in output
+    code, output = invoke("rm", "kid", "--store", db)  # through its root only
+    assert_clean_error(code, output)
+    assert "Fix: tether rm root --children" in output
     code, output = invoke("rm", "root", "--children", "--store", db)
     assert code == 0 and "deleted run root and its 1 subagent run" in output, output
     assert {info.id for info in open_store(db).list()} == {"held"}
@@ -540,7 +546,9 @@ def test_prune_trees_need_children(db: str) -> None:
     for run_id in ("root", "kid"):
         age_run(db, run_id, 2)
     code, output = invoke("prune", "--older-than", "90m", "--store", db)
-    assert code == 0 and "no runs to prune" in output, output
+    assert code == 0 and "nothing pruned" in output and "1 have subagent runs: add --children" in output, (
+        output
+    )
     code, output = invoke("prune", "--older-than", "1d", "--children", "--store", db)
     assert code == 0 and "deleted 2 runs:" in output and "kid" in output, output
     assert store.list() == []
@@ -556,7 +564,10 @@ def test_fork_rounds_down_to_a_turn_and_names_the_new_run(db: str) -> None:
         f"forked run src at seq 1 as branch (seq {started} rounded down to the turn ending at seq 1)"
         in output
     )
-    assert "tether resume branch --agent" in output
+    assert (
+        f"Continue it: tether resume AGENT branch --store {db} (AGENT: module:attribute of the Agent named weather)"
+        in output
+    )
     fork = open_store(db).load("branch")
     assert [e.kind for e in fork.history] == ["run_started", "message"]
     code, output = invoke("fork", "src", "--store", db)
@@ -644,7 +655,10 @@ def test_approve_journals_now_and_a_second_decision_is_refused(db: str) -> None:
     code, output = invoke("approve", "mail-1", "c3_0", "--by", "alice", "--reason", "fine", "--store", db)
     assert code == 0, output
     assert "call c3_0 of run mail-1 approved by alice: journaled at seq" in output
-    assert "run mail-1 is not being driven. Fix: tether resume mail-1 --agent ... or start a worker" in output
+    assert (
+        f"run mail-1 is not being driven. Fix: tether resume AGENT mail-1 --store {db} (AGENT: module:attribute of "
+        in output
+    )
     state = open_store(db).load("mail-1")
     decided = [e for e in state.history if isinstance(e, j.ApprovalDecided)]
     assert [(e.call_id, e.approved, e.by, e.reason) for e in decided] == [("c3_0", True, "alice", "fine")]
@@ -655,7 +669,9 @@ def test_approve_journals_now_and_a_second_decision_is_refused(db: str) -> None:
     code, output = invoke("deny", "mail-1", "c3_0", "--by", "bob", "--store", db)
     assert_clean_error(code, output)
     assert "already approved by alice" in output
-    assert_clean_error(*invoke("approve", "mail-1", "c9_9", "--by", "bob", "--store", db))
+    code, output = invoke("approve", "mail-1", "c9_9", "--by", "bob", "--store", db)
+    assert_clean_error(code, output)
+    assert "Fix: tether show mail-1 lists the calls that wait" in output
     assert_clean_error(*invoke("approve", "nope", "c3_0", "--by", "bob", "--store", db))
 
 
@@ -692,14 +708,18 @@ def test_approve_a_subagent_call_posts_to_the_child_and_names_the_root(db: str) 
     code, output = invoke("approve", "root", "c2_0", "--run", "kid", "--by", "alice", "--store", db)
     assert code == 0, output
     assert "call c2_0 of run kid approved by alice: posted to the run's inbox" in output
-    assert "run root is not being driven. Fix: tether resume root --agent ... or start a worker" in output
+    assert (
+        f"run root is not being driven. Fix: tether resume AGENT root --store {db} (AGENT: module:attribute of "
+        in output
+    )
     store = open_store(db)
     assert store.read("kid") == before and store.inbox_length("kid") == 1  # a child is never taken
     [item] = store.read_inbox("kid")
     assert item.body["call_id"] == "c2_0" and item.body["approved"] is True
-    code, output = invoke("approve", "nope-root", "c2_0", "--run", "kid", "--by", "alice", "--store", db)
+    completed_run(db, "other-root")
+    code, output = invoke("approve", "other-root", "c2_0", "--run", "kid", "--by", "alice", "--store", db)
     assert_clean_error(code, output)
-    assert "is not a subagent run of nope-root" in output
+    assert "run kid is not in the tree of other-root" in output
 
 
 def test_run_then_approve_then_resume_with_an_agent_file(db: str, agent_file: Path) -> None:
@@ -708,16 +728,18 @@ def test_run_then_approve_then_resume_with_an_agent_file(db: str, agent_file: Pa
     assert code == 0, output
     assert '-> c3_0 send_email(to="bob@example.com")' in output
     assert "c3_0 send_email" in output and "waits for a decision" in output
-    assert "run mail-2 is waiting" in output and "tether approve mail-2 c3_0 --by NAME" in output
+    assert "run mail-2 is waiting" in output and "approve: tether approve mail-2 c3_0" in output
+    assert f"then continue: tether resume {spec} mail-2" in output
     assert executions(agent_file) == []
     code, output = invoke("approve", "mail-2", "c3_0", "--by", "alice", "--store", db)
     assert code == 0, output
-    code, output = invoke("resume", "mail-2", "--agent", spec, "--store", db)
+    code, output = invoke("resume", spec, "mail-2", "--store", db)
     assert code == 0, output
-    assert "I emailed Bob." in output and "run mail-2 is completed: I emailed Bob." in output
+    assert "I emailed Bob." in output and output.count("I emailed Bob.") == 1  # the answer, once
+    assert output.splitlines()[-1] == "run mail-2 is completed"
     assert [r["tool"] for r in executions(agent_file)] == ["send_email"]
-    code, output = invoke("resume", "mail-2", "--agent", spec, "--store", db)  # nothing left to do
-    assert code == 0 and "run mail-2 is completed" in output, output
+    code, output = invoke("resume", spec, "mail-2", "--store", db)  # nothing left to do
+    assert code == 0 and "run mail-2 is completed: I emailed Bob." in output, output
     assert len(executions(agent_file)) == 1
 
 
@@ -734,7 +756,8 @@ def test_run_streams_text_and_calls_with_a_factory_in_a_module(
     assert '-> c3_0 get_weather(city="Paris")' in lines
     assert any("c3_0 get_weather done" in line and "Sunny in Paris" in line for line in lines)
     assert "It is sunny in Paris." in lines  # the streamed answer, on its own line
-    assert lines[-1] == "run w-1 is completed: It is sunny in Paris."
+    assert output.count("It is sunny in Paris.") == 1
+    assert lines[0] == "run w-1 started (agent weather)" and lines[-1] == "run w-1 is completed"
     assert open_store(db).load("w-1").answer == "It is sunny in Paris."
     code, output = invoke("run", "mailer_agent:make_weather", "again?", "--id", "w-1", "--store", db)
     assert_clean_error(code, output)
@@ -754,8 +777,9 @@ def test_run_uses_the_agents_own_store(
 def test_bad_agent_specs_are_clean_errors(db: str, agent_file: Path, tmp_path: Path) -> None:
     for spec in ("no-colon", f"{tmp_path / 'missing.py'}:agent", f"{agent_file}:nothing",
                  f"{agent_file}:not_an_agent", "no_such_module_xyz:agent", ":agent"):  # fmt: skip
-        code, output = invoke("resume", "r1", "--agent", spec, "--store", db)
+        code, output = invoke("resume", spec, "r1", "--store", db)
         assert_clean_error(code, output)
+        assert "--agent" not in output
 
 
 def test_cancel_a_subagent_run_posts_it_and_names_the_root(db: str) -> None:
@@ -764,6 +788,9 @@ def test_cancel_a_subagent_run_posts_it_and_names_the_root(db: str) -> None:
     code, output = invoke("cancel", "kid", "--store", db, "--by", "alice")
     assert code == 0, output
     assert "run kid is a subagent run of root: the cancel was posted to its inbox" in output
-    assert "run root is not being driven. Fix: tether resume root --agent ... or start a worker" in output
+    assert (
+        f"run root is not being driven. Fix: tether resume AGENT root --store {db} (AGENT: module:attribute of "
+        in output
+    )
     store = open_store(db)
     assert store.read("kid") == before and store.inbox_length("kid") == 1  # a poster never takes a child

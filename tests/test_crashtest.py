@@ -3,6 +3,7 @@ process, then whole crash tests on small scenarios, including ones built to brea
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,6 @@ from tether._harness.crash.crash_test import (
     InvariantViolation,
     _instrument,
     calls_without_result,
-    cli_main,
     crash_test,
     judge,
     load_agent,
@@ -452,25 +452,96 @@ def test_a_scenario_that_does_not_run_once_is_refused_with_the_childs_error(tmp_
 
 
 # --------------------------------------------------------------------------------------------------
-# The command line (cli_main; `tether crashtest` calls it)
+# The command line (`tether crashtest`)
+
+
+def crashtest(*args: str) -> tuple[int, str, str]:
+    """``tether crashtest ARGS`` through typer's runner: (exit code, stdout, stderr)."""
+    from typer.testing import CliRunner
+
+    from tether._cli.app import app
+
+    result = CliRunner().invoke(app, ["crashtest", *args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.mark.crash
-def test_cli_main_prints_the_report_and_exits_by_the_result(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_crashtest_prints_the_report_and_exits_by_the_result(tmp_path: Path) -> None:
     url = f"file:{tmp_path / 'runs'}"
-    assert cli_main(f"{AGENTS}:tiny", "go", url, ["before_append,torn_append"]) == 0
-    out, err = capsys.readouterr()
+    code, out, err = crashtest(
+        f"{AGENTS}:tiny", "go", "--store", url, "--points", "before_append,torn_append"
+    )
+    assert code == 0, err
     assert "4 boundaries, 8 cases, 4 boundaries exercised, 0 violations" in out
     assert "after_append" not in out and err.count(": completed, ok") == 8
-    assert cli_main(f"{AGENTS}:double_charge", "go", url, ["after_append"]) == 1
-    out, _ = capsys.readouterr()
+    code, out, _ = crashtest(f"{AGENTS}:double_charge", "go", "-s", url, "-p", "after_append")
+    assert code == 1
     assert "violations:" in out and "executed 2 times" in out
-    assert cli_main(f"{AGENTS}:tiny", "go", url, ["sideways"]) == 2
-    _, err = capsys.readouterr()
-    assert err.startswith("error: failpoints ['sideways'] are not known. Fix:")
-    assert cli_main(f"{AGENTS}:tiny", "go", "memory:", []) == 2
+    code, _, err = crashtest(f"{AGENTS}:tiny", "go", "--store", url, "--points", "sideways")
+    assert (
+        code == 2
+        and err
+        == "error: failpoints ['sideways'] are not known. Fix: use some of before_append, after_append, torn_append\n"
+    )
+    assert crashtest(f"{AGENTS}:tiny", "go", "--store", "memory:")[0] == 2
+    code, _, err = crashtest(f"{AGENTS}:tiny", "go", "--approve", "some")
+    assert code == 2 and "Fix: pass --approve all" in err
+
+
+@pytest.mark.crash
+def test_crashtest_uses_a_temporary_store_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TETHER_STORE", f"file:{tmp_path / 'mine'}")
+    code, _, err = crashtest(f"{AGENTS}:tiny", "go", "--points", "after_append")
+    assert code == 0, err
+    assert "(a temporary store; --store URL keeps the runs)" in err
+    temporary = re.search(r"runs in (sqlite:///\S+)", err)
+    assert temporary is not None and not Path(temporary.group(1).removeprefix("sqlite:///")).exists()
+    assert list(tmp_path.iterdir()) == [], "nothing in the user's default store, nor in the current folder"
+
+
+APPROVAL_AGENT = """
+from tether import Agent, tool
+from tether.testing import ScriptedModel, call
+
+
+@tool(approval=True)
+def deploy(version: str) -> str:
+    \"\"\"Deploy a version.
+
+    Args:
+        version: The version.
+    \"\"\"
+    return f"deployed {version}"
+
+
+def agent():
+    return Agent(
+        ScriptedModel([call("deploy", version="1.2"), "Deployed."]), name="deployer", tools=[deploy],
+        poll_interval=0.05,
+    )
+"""
+
+
+@pytest.mark.crash
+def test_crashtest_says_what_a_waiting_end_means_and_approve_all_goes_past_it(tmp_path: Path) -> None:
+    (tmp_path / "deployer.py").write_text(APPROVAL_AGENT)
+    spec = f"{tmp_path / 'deployer.py'}:agent"
+    url = f"sqlite:///{tmp_path / 'ct.db'}"
+    code, out, err = crashtest(spec, "go", "--store", url, "--points", "after_append")
+    assert code == 0, err
+    assert "without a crash the run ends waiting" in out
+    assert "waiting: without a crash the run stops to wait for a decision on an approval" in out
+    assert f"Fix: tether crashtest {spec} go --approve all" in out
+    code, out, err = crashtest(spec, "go", "--store", url, "-p", "after_append", "--approve", "all")
+    assert code == 0, err
+    assert "without a crash the run ends completed" in out and "waiting" not in out
+    assert "approval_decided" in out, "the boundaries after the approval were crash-tested"
+    assert ": completed, ok" in err and "waiting" not in err
 
 
 def test_the_crashtest_command_prints_the_report_and_exits_0_without_violations(tmp_path: Path) -> None:

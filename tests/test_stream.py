@@ -29,6 +29,7 @@ from tether import (
     ToolContext,
     tool,
 )
+from tether.events import Retrying
 from tether.testing import ScriptedModel, call
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -114,6 +115,8 @@ def test_a_reset_comes_before_a_request_asked_again(store: Store) -> None:
         if isinstance(e, Reset)
         else ("delta", e.request)
         if isinstance(e, TextDelta)
+        else ("retrying", e.request, e.attempt, e.attempts, e.error_type, e.error)
+        if isinstance(e, Retrying)
         else (e[0].entry.kind,)
         for e in events
     ]
@@ -122,6 +125,7 @@ def test_a_reset_comes_before_a_request_asked_again(store: Store) -> None:
         ("message",),
         ("run_resumed",),
         ("model_failed",),
+        ("retrying", 1, 2, 5, "ModelError", "overloaded"),  # said before the wait
         ("reset", 1),
         ("delta", 1),
         ("delta", 1),

@@ -1,6 +1,6 @@
 """Loading an Agent named by ``module:attribute`` or ``path/file.py:attribute``: the one loader.
 
-The command line (``tether._cli.app``, ``--agent``) and the crash harness (``tether._harness.crash.crash_test``, its agent
+The command line (its AGENT argument) and the crash harness (``tether._harness.crash.crash_test``, its agent
 factory) both load agents here; each says how through a ``Wording`` (its error texts and how strict it is).
 This module imports nothing of the CLI (no typer, no rich), so ``tether.testing`` may use it.
 """
@@ -54,8 +54,8 @@ class Wording:
 CLI = Wording(
     module_prefix="_tether_agent_",
     malformed=(
-        "agent {spec!r} is not MODULE:ATTRIBUTE or PATH/FILE.py:ATTRIBUTE. Fix: e.g. --agent "
-        "myapp.agents:support, or --agent agents.py:support"
+        "agent {spec!r} is not MODULE:ATTRIBUTE or PATH/FILE.py:ATTRIBUTE. Fix: e.g. "
+        "myapp.agents:support, or agents.py:support"
     ),
     no_file="agent file {where} does not exist. Fix: check the path before ':{attribute}'",
     cannot_load="agent file {where} cannot be loaded. Fix: pass a .py file",
@@ -70,7 +70,7 @@ CLI = Wording(
     cwd_on_path=True,
     strict=False,
 )
-"""The command line's ``--agent``."""
+"""The command line's AGENT argument."""
 
 FACTORY = Wording(
     module_prefix="_tether_crashtest_",

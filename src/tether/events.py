@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .journal import Entry
 
-__all__ = ["EntryEvent", "Event", "Reset", "TextDelta"]
+__all__ = ["EntryEvent", "Event", "Reset", "Retrying", "TextDelta"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,4 +35,23 @@ class Reset:
     type: str = "reset"
 
 
-Event = EntryEvent | TextDelta | Reset
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """A model request failed with a retryable error (its ``model_failed`` is journaled): the model is asked
+    again after ``delay`` seconds, as request ``request`` and attempt ``attempt`` of at most ``attempts``.
+
+    ``error_type`` is the exception's class name (``RateLimitError``), ``error`` its message, and
+    ``status_code`` the provider's HTTP status when it answered.
+    """
+
+    request: int
+    attempt: int
+    attempts: int
+    delay: float
+    error_type: str
+    error: str
+    status_code: int | None = None
+    type: str = "retrying"
+
+
+Event = EntryEvent | TextDelta | Reset | Retrying

@@ -1,9 +1,12 @@
 """``tether run``, ``resume``, ``approve`` and ``deny``: the commands that drive runs or decide their calls.
 
-``run`` and ``resume`` load an Agent from ``module:attribute`` or ``path/file.py:attribute``
-(``load_agent``) and use the agent's own store unless ``--store`` is given. ``approve`` and ``deny`` need
-no agent: they load the run, decide on the State and save it, which journals the decision now when no one
-holds the run, or posts it to the inbox of the process that drives it.
+``run`` and ``resume`` load an Agent from ``module:attribute`` or ``path/file.py:attribute`` (``load_agent``),
+the first argument of both, use the agent's own store unless ``--store`` is given, and print the drive as
+it goes through one live view (``LiveView``, fed by ``agent.stream``): model text as it streams, a line
+per call, result, decision and retry, then where the run stands and the command that continues it.
+``approve`` and ``deny`` need no agent: they load the run that holds the call, decide on its State and save
+it, which journals the decision now when no one holds the run, or posts it to the inbox of the process
+that drives it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
+import traceback
 from typing import Annotated, Any
 
 import typer
@@ -18,31 +23,42 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import journal as j
-from .._timeline import display_status, format_call, summarize, truncate
+from .._timeline import display_status, format_call, retry_text, summarize, truncate, without_fix
 from ..agent import Agent
-from ..events import EntryEvent, Event, Reset, TextDelta
+from ..errors import ModelError, TetherError
+from ..events import EntryEvent, Event, Reset, Retrying, TextDelta
 from ..state import State
 from ..stores import Store, open_store
+from . import ids
 from .common import (
     DEFAULT_STORE,
+    EXIT_FAILED,
     STATUS_STYLES,
     STORE_ENV,
+    STORE_HELP,
+    ByOption,
     StoreOption,
     app,
     console,
+    decide_lines,
+    decider,
     fail,
     friendly_errors,
     load_agent,
+    names_for,
     require_store,
+    resolve_run,
+    resume_hint,
+    store_flag,
+    store_url,
 )
 
-__all__ = ["approve", "deny", "resume", "run"]
+__all__ = ["AgentArgument", "AgentStoreOption", "LiveView", "approve", "deny", "resume", "run", "with_store"]
 
-AgentOption = Annotated[
+AgentArgument = Annotated[
     str,
-    typer.Option(
-        "--agent",
-        metavar="MODULE:ATTR",
+    typer.Argument(
+        metavar="AGENT",
         help="The Agent: module:attribute or path/file.py:attribute (an Agent, or a function returning one).",
     ),
 ]
@@ -50,17 +66,18 @@ AgentStoreOption = Annotated[
     str | None,
     typer.Option(
         "--store",
+        "-s",
         metavar="URL",
         help=f"Use this store instead of the agent's own (an agent without one uses ${STORE_ENV}, else "
-        f"{DEFAULT_STORE}).",
+        f"{DEFAULT_STORE}). {STORE_HELP.split(' [')[0]}.",
         show_default=False,
     ),
 ]
 
 
-def not_driven(root: str) -> str:
+def not_driven(root: str, agent: str | None, flag: str = "") -> str:
     """What the posting commands say when no one drives a run with work left (DURABILITY 2.1)."""
-    return f"run {root} is not being driven. Fix: tether resume {root} --agent ... or start a worker"
+    return f"run {root} is not being driven. Fix: {resume_hint(root, agent, flag)}, or start a worker"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -71,71 +88,114 @@ def _decide(
     approved: bool,
     run_id: str,
     call_id: str,
-    by: str,
+    by: str | None,
     reason: str | None,
     child: str | None,
     url: str,
     args: dict[str, Any] | None = None,
 ) -> None:
     runs = require_store(url)
-    target = j.validate_run_id(child if child is not None else run_id)
-    state = runs.load(target)
-    root = state.root_id or state.id
-    if child is not None and run_id not in (state.parent_id, state.root_id):
-        fail(f"run {child} is not a subagent run of {run_id}", f"tether ls --parent {run_id} lists them")
+    who = decider(by)
+    named = resolve_run(runs, run_id, url)
+    state = runs.load(named)
+    tree = runs.list(root_id=state.root_id or state.id, limit=100_000)
+    names = names_for(runs, tree)
+    in_run = resolve_run(runs, child, url) if child is not None else None
+    if in_run is not None and all(info.id != in_run for info in tree):
+        fail(
+            f"run {names.short(in_run)} is not in the tree of {names.short(named)}",
+            f"tether show {names.short(named)} lists its subagent runs",
+        )
+    matches = [
+        p
+        for p in state.pending_approvals
+        if p.call_id == call_id and (in_run is None or (p.run_id or state.id) == in_run)
+    ]
+    if len(matches) > 1:
+        where = ", ".join(names.short(p.run_id or state.id) for p in matches)
+        first = names.short(matches[0].run_id or state.id)
+        fail(
+            f"call {call_id} waits for a decision in {len(matches)} runs of this tree: {where}",
+            f"name the run that holds it, e.g. tether {'approve' if approved else 'deny'} {first} {call_id}",
+        )
+    target = (matches[0].run_id or state.id) if matches else (in_run or named)
+    if target != state.id:
+        state = runs.load(target)
     try:
         if approved:
-            state.approve(call_id, by=by, reason=reason, run_id=target, args=args)
+            state.approve(call_id, by=who, reason=reason, run_id=target, args=args)
         else:
-            state.deny(call_id, by=by, reason=reason, run_id=target)
+            state.deny(call_id, by=who, reason=reason, run_id=target)
     except ValueError as exc:
-        fail(str(exc), f"nothing to do; tether show {target} shows its calls and decisions")
+        already = "already" in str(exc).partition(" Fix:")[0]
+        fix = (
+            f"nothing to do; tether show {names.short(target)} shows the decision"
+            if already
+            else f"tether show {names.short(named)} lists the calls that wait, with the command for each"
+        )
+        fail(str(exc), fix)
     item_id = state.take_local_changes()[-1]["item_id"]
     runs.save(state)
     verb = "approved" if approved else "denied"
     out = console()
+    short = names.short(target)
     posted = next((i for i in runs.read_inbox(target) if i.item_id == item_id), None)
     journaled = [
         e for e in state.history if posted is not None and getattr(e, "inbox_seq", None) == posted.inbox_seq
     ]
     skipped = next((e for e in journaled if isinstance(e, j.InboxSkipped)), None)
     if skipped is not None:
-        fail(skipped.reason, f"nothing to do; tether show {target} shows the decision")
+        fail(skipped.reason, f"nothing to do; tether show {short} shows the decision")
     if journaled:
-        out.print(Text(f"call {call_id} of run {target} {verb} by {by}: journaled at seq {journaled[0].seq}"))
+        _line(out, f"call {call_id} of run {short} {verb} by {who}: journaled at seq {journaled[0].seq}")
     else:
-        out.print(Text(f"call {call_id} of run {target} {verb} by {by}: posted to the run's inbox"))
+        _line(out, f"call {call_id} of run {short} {verb} by {who}: posted to the run's inbox")
+    root = state.root_id or state.id
+    root_short = names.short(root)
     holder = runs.holder(root)
     if holder is not None:
-        out.print(
-            Text(
-                f"run {root} is driven by {holder.describe()}; it journals the decision within its poll interval"
-            )
+        _line(
+            out,
+            f"run {root_short} is driven by {holder.describe()}; it journals the decision within its poll interval",
         )
         return
+    root_agent = next((info.agent for info in tree if info.id == root), state.agent)
     if target != root or state.status == "running":
-        out.print(Text(not_driven(root)))
+        _line(out, not_driven(root_short, root_agent, store_flag(runs, url)))
     elif state.status == "waiting":
         waiting = ", ".join(p.call_id for p in state.pending_approvals) or "a subagent run"
-        out.print(Text(f"run {root} still waits for decisions on: {waiting}"))
+        _line(out, f"run {root_short} still waits for decisions on: {waiting}")
 
 
-ByOption = Annotated[str, typer.Option("--by", metavar="NAME", help="Who decides (journaled).")]
 ReasonOption = Annotated[
-    str | None, typer.Option("--reason", help="Why (journaled; the model sees a denial's).")
+    str | None, typer.Option("--reason", "-m", help="Why (journaled; the model sees a denial's).")
 ]
 RunOption = Annotated[
     str | None,
-    typer.Option("--run", metavar="CHILD_ID", help="The call is in this subagent run of ID."),
+    typer.Option(
+        "--run",
+        metavar="RUN_ID",
+        help="The run of ID's tree that holds the call, when the call id is in several (ID's pending "
+        "approvals name it).",
+    ),
+]
+IdArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="ID", help="The run, or its root (a root's pending approvals include its subagent runs')."
+    ),
+]
+CallArgument = Annotated[
+    str, typer.Argument(metavar="CALL_ID", help="The call (tether show ID lists the calls that wait).")
 ]
 
 
 @app.command()
 @friendly_errors
 def approve(
-    run_id: Annotated[str, typer.Argument(metavar="ID", help="The run (the root, for a subagent's call).")],
-    call_id: Annotated[str, typer.Argument(metavar="CALL_ID", help="The call (tether show ID lists them).")],
-    by: ByOption,
+    run_id: IdArgument,
+    call_id: CallArgument,
+    by: ByOption = None,
     reason: ReasonOption = None,
     child: RunOption = None,
     args: Annotated[
@@ -166,9 +226,9 @@ def approve(
 @app.command()
 @friendly_errors
 def deny(
-    run_id: Annotated[str, typer.Argument(metavar="ID", help="The run (the root, for a subagent's call).")],
-    call_id: Annotated[str, typer.Argument(metavar="CALL_ID", help="The call (tether show ID lists them).")],
-    by: ByOption,
+    run_id: IdArgument,
+    call_id: CallArgument,
+    by: ByOption = None,
     reason: ReasonOption = None,
     child: RunOption = None,
     store: StoreOption = DEFAULT_STORE,
@@ -181,24 +241,51 @@ def deny(
 # run, resume
 
 
-def _with_store(agent: Agent, url: str | None, *, must_exist: bool) -> Store:
+def with_store(agent: Agent, url: str | None, *, must_exist: bool) -> Store:
     """Point the agent at ``--store`` when given; give a store-less agent the default store."""
     if url is not None:
-        agent.store = require_store(url) if must_exist else open_store(url)
+        agent.store = require_store(url) if must_exist else open_store(store_url(url))
     elif agent.store is None:
         default = os.environ.get(STORE_ENV) or DEFAULT_STORE
-        agent.store = require_store(default) if must_exist else open_store(default)
+        agent.store = require_store(default) if must_exist else open_store(store_url(default))
     return agent.store
 
 
-class _Printer:
-    """Prints a drive as it goes: model text as it streams, and one line per call, decision or stop."""
+def _line(out: Console, text: str, style: str = "") -> None:
+    out.print(Text(text, style=style), overflow="ignore", crop=False, soft_wrap=True)
 
-    def __init__(self, out: Console) -> None:
+
+class LiveView:
+    """What ``run`` and ``resume`` print as the drive goes: model text as it streams, and one line per call,
+    result, decision, inbox item and retry (``agent.stream``'s events)."""
+
+    def __init__(
+        self, out: Console, store: Store, *, announce: str | None = None, given: str | None = None
+    ) -> None:
         self.out = out
+        self.store = store
+        self.given = given
+        """``--store`` as the user gave it, for the commands printed at the end."""
+        self.announce = announce
+        """A new run's id: its ``run_started`` is shown as a first line naming it."""
+        self._names: ids.Names | None = None
+        self.seen = False
         self.mid_line = False
         self.streamed = False
+        self.answered = False
+        """The final answer's text was shown (so the closing line does not repeat it)."""
         self.calls: dict[str, str] = {}
+
+    def resume(self, spec: str, run_id: str) -> str:
+        """The command that continues the run (the agent brings its store, unless ``--store`` was given)."""
+        flag = f" --store {shlex.quote(self.given)}" if self.given is not None else ""
+        return f"tether resume {spec} {run_id}{flag}"
+
+    def name(self, run_id: str) -> str:
+        """The short form of a run id (the store's ids are read again for an id not seen yet)."""
+        if self._names is None or run_id not in self._names.known:
+            self._names = names_for(self.store)
+        return self._names.short(run_id)
 
     def text(self, text: str) -> None:
         if not text:
@@ -214,101 +301,187 @@ class _Printer:
 
     def line(self, text: str, style: str = "") -> None:
         self.end_line()
-        self.out.print(Text(text, style=style), overflow="ignore", crop=False)
+        _line(self.out, text, style)
 
     def event(self, event: Event) -> None:
+        self.seen = True
         if isinstance(event, TextDelta):
             self.text(event.text)
+        elif isinstance(event, Retrying):
+            self.line(
+                "   "
+                + retry_text(
+                    event.error_type,
+                    event.error,
+                    event.status_code,
+                    event.delay,
+                    event.attempt,
+                    event.attempts,
+                ),
+                "yellow",
+            )
         elif isinstance(event, Reset):
-            self.line("(the model is asked again)", "dim")
+            self.end_line()  # the retry was said; the text shown for the failed request stays as it is
             self.streamed = False
         elif isinstance(event, EntryEvent):
             self.entry(event.entry)
 
     def entry(self, entry: j.Entry) -> None:
-        if isinstance(entry, j.ModelReplied):
+        if isinstance(entry, j.RunStarted) and self.announce is not None:
+            self.line(f"run {self.name(self.announce)} started (agent {entry.agent or '-'})", "dim")
+        elif isinstance(entry, j.ModelReplied):
             summarize(entry, self.calls)  # learns the calls' tools
+            text = "".join(b.get("text", "") for b in entry.content if b.get("type") == "text")
             if not self.streamed:
-                self.text("".join(b.get("text", "") for b in entry.content if b.get("type") == "text"))
+                self.text(text)
             self.streamed = False
-            for block in entry.content:
-                if block.get("type") == "tool_call":
-                    self.line(
-                        f"-> {block.get('id')} {format_call(str(block.get('name')), block.get('args'))}"
-                    )
+            calls = [block for block in entry.content if block.get("type") == "tool_call"]
+            if text.strip() and not calls:
+                self.answered = True
+            for block in calls:
+                self.line(f"-> {block.get('id')} {format_call(str(block.get('name')), block.get('args'))}")
         elif isinstance(entry, j.ToolFinished | j.ApprovalRequested | j.ApprovalDecided | j.ChildWaiting):
             self.line(
-                f"   {summarize(entry, self.calls)}", "dim" if isinstance(entry, j.ToolFinished) else ""
+                f"   {summarize(entry, self.calls, self.name)}",
+                "dim" if isinstance(entry, j.ToolFinished) else "",
             )
+        elif isinstance(entry, j.MessageAdded) and entry.inbox_seq is not None:
+            self.line(f"   {summarize(entry, self.calls)}", "dim")
+        elif isinstance(entry, j.CancelRequested | j.Compacted | j.AgentChanged | j.BudgetsChanged):
+            self.line(f"   {entry.kind}: {summarize(entry, self.calls)}", "dim")
 
 
-def _report(out: Console, state: State, store: Store, spec: str) -> None:
-    """The run's status after a drive, and what to do next."""
+def _report(out: Console, state: State, store: Store, spec: str, view: LiveView) -> int:
+    """Where the run stands after a drive, and the command that continues it; returns the exit code."""
+    names = names_for(store, store.list(root_id=state.id, limit=100_000))
+    short = names.short(state.id)
     held = store.holder(state.id) is not None
     status = display_status(state.status, held)
-    line = Text.assemble("run ", state.id, " is ", (status, STATUS_STYLES.get(state.status, "")))
+    line = Text.assemble("run ", short, " is ", (status, STATUS_STYLES.get(state.status, "")))
+    again = view.resume(spec, short)
+    flag = store_flag(store, view.given)
     if state.status == "completed":
-        line.append(f": {truncate(state.answer or '', 200)}")
-    elif state.reason:
-        line.append(f": {truncate(state.reason, 200)}")
-    out.print(line)
+        if state.answer and not view.answered:
+            line.append(f": {truncate(state.answer, 200)}")
+        out.print(line, overflow="ignore", crop=False)
+        return 0
+    if state.reason:
+        line.append(f": {truncate(without_fix(state.reason), 200)}")
+    out.print(line, overflow="ignore", crop=False)
     for pending in state.pending_approvals:
-        out.print(
-            Text(
-                f"  {pending.call_id} {format_call(pending.tool, pending.args)} waits. Decide: tether approve "
-                f"{state.id} {pending.call_id} --by NAME (or tether deny ...), then tether resume {state.id} "
-                f"--agent {spec}"
-            )
-        )
+        run_id = pending.run_id or state.id
+        where = "" if run_id == state.id else f" (in subagent run {names.short(run_id)})"
+        _line(out, f"  {pending.call_id} {format_call(pending.tool, pending.args)} waits{where}")
+        for text in decide_lines(names.short(run_id), pending.call_id, flag):
+            _line(out, f"    {text}")
+    if state.pending_approvals:
+        _line(out, f"  then continue: {again}")
+    elif state.status == "failed":
+        _line(out, f"Continue: {again} (it asks the model again)")
+        return EXIT_FAILED
+    elif state.status == "stopped":
+        _line(out, f"Continue: raise the agent's budget, then {again}")
+    elif state.status == "running" and not held:
+        _line(out, f"Continue: {again}")
+    return 0
+
+
+def _failed(out: Console, exc: BaseException, state: State, store: Store, spec: str, view: LiveView) -> int:
+    """The drive raised after the run began: say why, where the run stands, and how to continue."""
+    view.end_line()
+    if not isinstance(exc, TetherError):
+        traceback.print_exception(exc)
+    message = str(exc) or type(exc).__name__
+    what, _, fix = message.partition(" Fix: ")
+    retried = isinstance(exc, ModelError) and exc.retryable
+    attempts = (
+        f" (after {state.failures_since_reply} attempts)"
+        if retried and state.failures_since_reply > 1
+        else ""
+    )
+    names = names_for(store)
+    short = names.short(state.id)
+    if state.status != "failed":  # the error did not stop the run (a store error, a bug): say so first
+        _line(out, f"error: {type(exc).__name__}: {truncate(what.rstrip('.'), 300)}", "red")
+        _report(out, state, store, spec, view)
+        _line(out, f"Continue: {view.resume(spec, short)}")
+        return EXIT_FAILED
+    _line(
+        out, f"run {short} failed: {type(exc).__name__}: {truncate(what.rstrip('.'), 300)}{attempts}", "red"
+    )
+    if fix and not retried:
+        _line(out, f"Fix: {fix.rstrip('.')}, then {view.resume(spec, short)}")
+    else:
+        _line(out, f"Continue: {view.resume(spec, short)} (it asks the model again)")
+    return EXIT_FAILED
+
+
+async def _drive(agent: Agent, prompt: str | State, run_id: str | None, view: LiveView) -> None:
+    async for event in agent.stream(prompt, id=run_id):
+        view.event(event)
+
+
+def _live(made: Agent, runs: Store, spec: str, run_id: str, prompt: str | None, given: str | None) -> None:
+    """Drive a new run (``prompt``) or an existing one through the live view, then report where it stands."""
+    out = console()
+    view = LiveView(out, runs, announce=run_id if prompt is not None else None, given=given)
+    try:
+        if prompt is not None:
+            asyncio.run(_drive(made, prompt, run_id, view))
+        else:
+            state = runs.load(run_id)
+            for entry in state.history:
+                summarize(entry, view.calls)  # the tools of calls made before this drive
+            asyncio.run(_drive(made, state, None, view))
+    except KeyboardInterrupt:
+        short = names_for(runs).short(run_id) if runs.exists(run_id) else run_id
+        view.line(f"interrupted: run {short} was saved. Continue: {view.resume(spec, short)}")
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        if not view.seen or not runs.exists(run_id):
+            raise
+        raise typer.Exit(_failed(out, exc, runs.load(run_id), runs, spec, view)) from None
+    view.end_line()
+    code = _report(out, runs.load(run_id), runs, spec, view)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
 @friendly_errors
 def resume(
-    run_id: Annotated[str, typer.Argument(metavar="ID", help="The run to continue.")],
-    agent: AgentOption,
+    agent: AgentArgument,
+    run_id: Annotated[
+        str, typer.Argument(metavar="ID", help="The run to continue (an id, or a short form).")
+    ],
     store: AgentStoreOption = None,
 ) -> None:
-    """Continue a run from its journal with AGENT: finished tools never run again."""
+    """Continue a run from its journal with AGENT: finished tools never run again.
+
+    Prints the drive as run does; a run that is completed, or waits for a decision, is shown as it is.
+    """
     made = load_agent(agent)
-    runs = _with_store(made, store, must_exist=True)
-    out = console()
-    printer = _Printer(out)
-    made.on_text = printer.text
-    try:
-        state = made.resume(j.validate_run_id(run_id))
-    except KeyboardInterrupt:
-        printer.line(f"interrupted: run {run_id} was saved. Continue: tether resume {run_id} --agent {agent}")
-        raise typer.Exit(130) from None
-    printer.end_line()
-    _report(out, state, runs, agent)
-
-
-async def _stream(agent: Agent, prompt: str, run_id: str, printer: _Printer) -> None:
-    async for event in agent.stream(prompt, id=run_id):
-        printer.event(event)
+    runs = with_store(made, store, must_exist=True)
+    found = resolve_run(runs, run_id, store if store is not None else runs.identity)
+    _live(made, runs, agent, found, None, store)
 
 
 @app.command("run")
 @friendly_errors
 def run(
-    agent: Annotated[
-        str, typer.Argument(metavar="AGENT", help="module:attribute or path/file.py:attribute.")
-    ],
+    agent: AgentArgument,
     prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="The first user message.")],
     run_id: Annotated[str | None, typer.Option("--id", metavar="ID", help="The new run's id.")] = None,
     store: AgentStoreOption = None,
 ) -> None:
-    """Start a run of AGENT and print it as it goes: the answer as it streams, and a line per tool call."""
+    """Start a run of AGENT and print it as it goes: the answer as it streams, and a line per tool call.
+
+    At the end: where the run stands and the command that continues it (exit code 1 when it failed).
+    """
     made = load_agent(agent)
-    runs = _with_store(made, store, must_exist=False)
+    runs = with_store(made, store, must_exist=False)
     new_id = j.validate_run_id(run_id) if run_id is not None else j.new_run_id()
-    out = console()
-    printer = _Printer(out)
-    try:
-        asyncio.run(_stream(made, prompt, new_id, printer))
-    except KeyboardInterrupt:
-        printer.line(f"interrupted: run {new_id} was saved. Continue: tether resume {new_id} --agent {agent}")
-        raise typer.Exit(130) from None
-    printer.end_line()
-    _report(out, runs.load(new_id), runs, agent)
+    if runs.exists(new_id):
+        flag = f" --store {shlex.quote(store)}" if store is not None else ""
+        fail(f"run {new_id} already exists", f"tether resume {agent} {new_id}{flag}, or pass another --id")
+    _live(made, runs, agent, new_id, prompt, store)

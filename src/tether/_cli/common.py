@@ -1,15 +1,18 @@
-"""What every ``tether`` command shares: the typer app, the store option, one-line errors, agent loading.
+"""What every ``tether`` command shares: the typer app, the store option, one-line errors, agent loading,
+who is asking, and run ids in short form (``ids``).
 
 Only the modules of ``_cli`` import this one; ``import tether`` never does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import getpass
 import os
 import re
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn, ParamSpec, TypeVar
@@ -18,9 +21,10 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from .. import _loading
+from .. import __version__, _loading
 from ..errors import TetherError
-from ..stores import Store, open_store
+from ..stores import RunInfo, Store, open_store
+from . import ids
 
 if TYPE_CHECKING:
     from ..agent import Agent
@@ -28,20 +32,31 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_STORE",
     "EXIT_BAD_INPUT",
+    "EXIT_FAILED",
     "STATUSES",
     "STATUS_STYLES",
     "STORE_ENV",
+    "STORE_HELP",
+    "ByOption",
     "JsonOption",
     "StoreOption",
     "app",
+    "cli_advice",
     "console",
+    "decide_lines",
+    "decider",
     "fail",
     "friendly_errors",
     "load_agent",
+    "names_for",
     "open_cli_store",
     "parse_duration",
     "require_store",
+    "resolve_run",
+    "resume_hint",
     "store_file",
+    "store_flag",
+    "store_url",
     "whoami",
 ]
 
@@ -52,6 +67,9 @@ STORE_ENV = "TETHER_STORE"
 """The environment variable holding the default store URL."""
 
 EXIT_BAD_INPUT = 2
+"""Bad input, or an error the command reports on one line (``error: ... Fix: ...``)."""
+EXIT_FAILED = 1
+"""The command ran and what it checked or drove failed (a failed run, a broken invariant)."""
 STATUSES = ("running", "waiting", "completed", "failed", "cancelled", "stopped")
 STATUS_STYLES = {
     "completed": "green",
@@ -64,12 +82,35 @@ STATUS_STYLES = {
 
 app = typer.Typer(
     name="tether",
-    help="Durable LLM agent runs: every step journaled, any process resumes, no tool runs twice.",
+    help=(
+        "Durable LLM agent runs: every step journaled, any process resumes, no tool runs twice.\n\n"
+        "Run ids may be given in short form, as git takes commits: tether ls shows them. AGENT is "
+        "module:attribute or path/file.py:attribute. docs/cli.md describes every command and its JSON."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tether {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", help="Print tether's version and exit.", is_eager=True, callback=_print_version
+        ),
+    ] = False,
+) -> None:
+    """The options of ``tether`` itself (``--version``); the commands are registered on ``app``."""
 
 
 def console(*, stderr: bool = False) -> Console:
@@ -80,30 +121,76 @@ def console(*, stderr: bool = False) -> Console:
     return made
 
 
+STORE_HELP = (
+    "Where runs are kept: a SQLite file (runs.db, sqlite:///PATH), a folder (file:PATH), "
+    f"postgresql://USER@HOST/DB, or memory: [env {STORE_ENV}; default {DEFAULT_STORE}]"
+)
 StoreOption = Annotated[
     str,
     typer.Option(
         "--store",
+        "-s",
         envvar=STORE_ENV,
         metavar="URL",
-        help=f"Where runs are kept: sqlite:///PATH, file:PATH, memory: [env {STORE_ENV}; default {DEFAULT_STORE}]",
+        help=STORE_HELP,
         show_default=False,
         show_envvar=False,
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (docs/cli.md describes it).")]
+ByOption = Annotated[
+    str | None,
+    typer.Option("--by", "-b", metavar="NAME", help="Who does it (journaled; default: your login name)."),
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
 def fail(message: str, fix: str | None = None) -> NoReturn:
-    """Print ``error: message`` on stderr (with ``fix``, or a generic Fix when it has none) and exit 2."""
-    if "Fix:" not in message:
-        fix = fix or "check the command's arguments (tether --help)"
-        message = f"{message.rstrip('.')}. Fix: {fix}"
-    console(stderr=True).print(Text(f"error: {message}", style="red"), soft_wrap=True)
+    """Print ``error: message. Fix: fix`` on stderr and exit 2.
+
+    A library message keeps its own Fix unless ``fix`` is given; advice meant for Python code is turned
+    into the command to run (``cli_advice``).
+    """
+    if fix is not None:
+        message = f"{message.partition(' Fix:')[0].rstrip().rstrip('.')}. Fix: {fix}"
+    elif "Fix:" not in message:
+        message = f"{message.rstrip('.')}. Fix: check the command's arguments (tether COMMAND --help)"
+    console(stderr=True).print(Text(f"error: {cli_advice(message)}", style="red"), soft_wrap=True)
     raise typer.Exit(EXIT_BAD_INPUT)
+
+
+_ADVICE: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"Fix: store\.load\([^)]*\)( again)?[^.]*"), "Fix: run the command again"),
+    (re.compile(r"Fix: pass children=True\b[^.]*"), "Fix: add --children (-r) to delete the whole tree"),
+    (re.compile(r"Fix: delete its root (\S+) with children=True[^.]*"), r"Fix: tether rm \1 --children"),
+    (re.compile(r"Fix: pass run_id= to say which"), "Fix: name the run that holds the call (tether show ID)"),
+    (
+        re.compile(r"Fix: pick a call id( and run id)? from state\.pending_approvals"),
+        "Fix: tether show ID lists them",
+    ),
+    (
+        re.compile(r"run (\S+) belongs to agent (\S+); this is (\S+)\. Fix: resume it with \S+$"),
+        r"run \1 belongs to agent \2; this is \3. Fix: tether resume AGENT \1 (AGENT: module:attribute of the "
+        r"Agent named \2)",
+    ),
+    (
+        re.compile(r"run (\S+) is a subagent of (\S+)\. Fix: resume (\S+)$"),
+        r"run \1 is a subagent run of \2. Fix: tether resume AGENT \3 (the root of its tree)",
+    ),
+    (
+        re.compile(r"Fix: resume it with the agent it was started with, or pass strict_resume=False"),
+        "Fix: resume it with the agent it was started with",
+    ),
+]
+
+
+def cli_advice(message: str) -> str:
+    """``message`` with a Fix written for Python code (``children=True``, ``store.load``) as a command."""
+    for pattern, replacement in _ADVICE:
+        message = pattern.sub(replacement, message)
+    return message
 
 
 def _message(exc: BaseException) -> str:
@@ -119,6 +206,11 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:  # the reader went away (| head): stop quietly, as git does
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.close(devnull)
+            raise typer.Exit(141) from None
         except (TetherError, ValueError, KeyError) as exc:
             fail(_message(exc))
         except OSError as exc:
@@ -126,6 +218,21 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
             fail(f"{exc.strerror or exc}{where}. Fix: check the store path and its permissions")
 
     return wrapper
+
+
+_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+def store_url(text: str) -> str:
+    """The store URL that ``--store TEXT`` means: a plain path ending in .db, .sqlite or .sqlite3 is a SQLite
+    file (``sqlite:///PATH``); any other plain path is a folder (``file:PATH``); a URL is itself."""
+    scheme, sep, _ = text.partition(":")
+    plain = not sep or "/" in scheme or "\\" in scheme or len(scheme) == 1
+    if plain and text.lower().endswith(_SQLITE_SUFFIXES):
+        return f"sqlite:///{text}"
+    if plain and text.strip():
+        return f"file:{text}"
+    return text
 
 
 def store_file(url: str) -> tuple[Path, str] | None:
@@ -150,7 +257,7 @@ def open_cli_store(url: str | None, *, missing_ok: bool = False) -> Store | None
     Raises:
         ValueError: the URL is bad, or names a folder or file that does not exist.
     """
-    url = url if url is not None else DEFAULT_STORE
+    url = store_url(url if url is not None else DEFAULT_STORE)
     found = store_file(url)
     if found is not None:
         path, kind = found
@@ -159,10 +266,9 @@ def open_cli_store(url: str | None, *, missing_ok: bool = False) -> Store | None
             if missing_ok and not path.exists():
                 return None
             problem = f"is not a {kind}" if path.exists() else "does not exist"
-            example = "sqlite:///PATH" if kind == "file" else "file:PATH"
             raise ValueError(
-                f"store {kind} {path} {problem}, so it holds no runs. Fix: pass --store {example} (or set "
-                f"{STORE_ENV}) to the store your agent writes"
+                f"store {kind} {path} {problem}, so it holds no runs. Fix: pass --store with the store your "
+                f"agent writes (or set {STORE_ENV}), e.g. --store runs.db"
             )
     return open_store(url)
 
@@ -180,6 +286,77 @@ def whoami() -> str | None:
         return getpass.getuser()
     except (KeyError, OSError):
         return None
+
+
+def decider(by: str | None) -> str:
+    """``--by``, else the login name."""
+    who = by if by is not None else whoami()
+    if not who:
+        fail("your login name cannot be told", "pass --by NAME")
+    return who
+
+
+def resolve_run(store: Store, text: str, url: str | None) -> str:
+    """The id of the run that ``text`` (an id, or a short form of one) names in ``store``.
+
+    Raises:
+        ValueError: it names none, or several (the message says which).
+    """
+    where = store_url(url) if url is not None else DEFAULT_STORE
+    try:
+        return ids.resolve(store, text, where)
+    except ValueError as exc:
+        if "Fix:" in str(exc):
+            raise
+        raise ValueError(f"{exc}. Fix: tether ls --store {where} lists its runs") from None
+
+
+def _identity(url: str) -> str:
+    """What ``Store.identity`` would say for ``url``, without opening it (which could create it)."""
+    url = store_url(url)
+    found = store_file(url)
+    if found is not None:
+        path, kind = found
+        return f"sqlite:///{path.resolve()}" if kind == "file" else f"file:{path.resolve()}"
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1@", url)  # a DSN's identity has no password
+
+
+def store_flag(store: Store, given: str | None = None) -> str:
+    """What a printed command needs to reach ``store``: nothing when ``tether`` finds it without ``--store``
+    (it is ``$TETHER_STORE``, or the default), else `` --store URL`` (``given``, the URL the user typed)."""
+    default = os.environ.get(STORE_ENV) or DEFAULT_STORE
+    if given is not None and store_url(given) == store_url(default):
+        return ""
+    if store.identity == _identity(default):
+        return ""
+    return f" --store {shlex.quote(given if given is not None else store.identity)}"
+
+
+def resume_hint(run_id: str, agent: str | None, flag: str = "") -> str:
+    """The command that continues a run, with AGENT explained when the Agent's module is not known here.
+
+    ``flag`` is ``store_flag``'s: what the command needs to reach the store.
+    """
+    named = f" (AGENT: module:attribute of the Agent named {agent})" if agent else ""
+    return f"tether resume AGENT {run_id}{flag}{named}"
+
+
+def names_for(store: Store, *also: Sequence[RunInfo]) -> ids.Names:
+    """Short forms of the run ids of ``store`` (every run's, or the newest ones' and ``also``'s)."""
+    known, complete = ids.known_runs(store)
+    names = ids.Names((info.id for info in known), complete=complete)
+    for more in also:
+        names.add(info.id for info in more)
+    return names
+
+
+def decide_lines(run_id: str, call_id: str, flag: str = "") -> list[str]:
+    """The commands that decide a pending call, as ``show``, ``follow`` and ``run`` print them (they work as
+    printed; ``flag`` is ``store_flag``'s)."""
+    return [
+        f"approve: tether approve {run_id} {call_id}{flag}",
+        f"deny:    tether deny {run_id} {call_id}{flag} -m WHY",
+    ]
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -201,6 +378,15 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
 
 
+_WORDING = dataclasses.replace(
+    _loading.CLI,
+    malformed=(
+        "agent {spec!r} is not MODULE:ATTRIBUTE or PATH/FILE.py:ATTRIBUTE. Fix: name it like "
+        "myapp.agents:support or agents.py:support"
+    ),
+)
+
+
 def load_agent(spec: str) -> Agent:
     """The Agent that ``spec`` names: ``module:attribute`` or ``path/file.py:attribute``.
 
@@ -212,4 +398,4 @@ def load_agent(spec: str) -> Agent:
         ValueError: the spec is malformed, the module or file cannot be found, the attribute is missing, or
             it is not an Agent.
     """
-    return _loading.load_agent(spec, _loading.CLI)
+    return _loading.load_agent(spec, _WORDING)

@@ -11,6 +11,7 @@ ran exactly once. The children are this module run as a script::
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from .._timeline import display_status, open_state_lines, timeline_lines, truncate
+from .._timeline import Timeline, display_status, open_state_lines, truncate
 from ..agent import Agent
 from ..state import State
 from ..stores import Store, open_store
@@ -32,6 +33,8 @@ __all__ = ["LOG_ENV", "Printer", "build_agent", "get_weather", "main", "run_demo
 
 LOG_ENV = "TETHER_DEMO_LOG"
 """The environment variable naming the side file where ``get_weather`` records each execution."""
+
+_DATE_LINE = re.compile(r"\s+\d{4}-\d\d-\d\d ")
 
 QUESTION = "What is the weather in London?"
 ANSWER = "It is sunny and 22C in London."
@@ -145,7 +148,7 @@ def run_demo(store_url: str | None = None, out: Printer = _plain) -> int:
         if kept:
             out(f"Look at it again: tether show {run_id} --store {url}", "dim")
         else:
-            out("To keep the run for tether show: tether demo --store sqlite:///demo.db", "dim")
+            out("To keep the run for tether show: tether demo --store demo.db", "dim")
         return code
     finally:
         if store is not None:
@@ -213,12 +216,15 @@ def _pids(pids: Sequence[int]) -> str:
 
 
 def _show_journal(store: Store, state: State, out: Printer, after: int = -1) -> None:
-    lines = timeline_lines(state.history, indent="   ")
-    out(lines[0], "dim")
+    timeline = Timeline(indent="   ", kind_width=max(len(entry.kind) for entry in state.history))
+    out(timeline.header(), "dim")
     if after >= 0:
         out(f"   {'...':>3}  (seq 0 to {after} as above)", "dim")
-    for line in lines[after + 2 :]:
-        out(line)
+    for entry in state.history:
+        lines = timeline.lines(entry)  # every entry, so the date line comes where it is due
+        if entry.seq > after:
+            for line in lines:
+                out(line, "dim" if _DATE_LINE.match(line) else "")
     status = display_status(state.status, store.holder(state.id) is not None)
     out(f"   status: {status}")
 

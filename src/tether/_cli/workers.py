@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
 
 from ..stores import open_store
-from .agents import AgentStoreOption, _with_store
-from .common import DEFAULT_STORE, StoreOption, app, console, friendly_errors, load_agent
+from .agents import AgentArgument, AgentStoreOption, with_store
+from .common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    STORE_ENV,
+    STORE_HELP,
+    app,
+    console,
+    fail,
+    friendly_errors,
+    load_agent,
+    store_url,
+)
 
-__all__ = ["crashtest", "db_migrate", "submit", "worker"]
+if TYPE_CHECKING:
+    from .._harness.crash.crash_test import CrashReport
+
+__all__ = ["crashtest", "db_migrate", "run_crashtest", "submit", "worker"]
 
 
 @app.command()
 @friendly_errors
 def submit(
-    agent_spec: Annotated[
-        str, typer.Argument(metavar="AGENT", help="The Agent: module:attribute or path/file.py:attribute.")
-    ],
+    agent_spec: AgentArgument,
     prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="The run's first message.")],
     run_id: Annotated[
         str | None, typer.Option("--id", metavar="ID", help="The run's id (default: a new one).")
@@ -28,7 +44,7 @@ def submit(
 ) -> None:
     """Create a run that no process drives yet, and print its id: a worker (tether worker) picks it up."""
     agent = load_agent(agent_spec)
-    _with_store(agent, store, must_exist=False)
+    with_store(agent, store, must_exist=False)
     typer.echo(agent.submit(prompt, id=run_id).id)
 
 
@@ -43,7 +59,7 @@ def worker(
         ),
     ],
     store: AgentStoreOption = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs driven at once.")] = 4,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Runs driven at once.")] = 4,
     lease_ttl: Annotated[
         float | None,
         typer.Option(
@@ -67,7 +83,7 @@ def worker(
     from ..worker import Worker
 
     agents = [load_agent(spec) for spec in agent_specs]
-    runs = _with_store(agents[0], store, must_exist=False)
+    runs = with_store(agents[0], store, must_exist=False)
     for agent in agents[1:]:
         agent.store = runs
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -92,40 +108,152 @@ app.add_typer(db_app, name="db")
 
 @db_app.command("migrate")
 @friendly_errors
-def db_migrate(store: StoreOption = DEFAULT_STORE) -> None:
-    """Create or upgrade the store's schema (PostgreSQL; a SQLite file is migrated whenever it is opened)."""
-    runs = open_store(store)
-    migrate = getattr(runs, "migrate", None)
-    version = migrate() if callable(migrate) else None
-    done = f"tether schema {version}" if version is not None else "nothing to migrate (done when opened)"
-    console().print(Text(f"{runs.identity}: {done}"))
-    runs.close()
+def db_migrate(
+    store: Annotated[
+        str | None,
+        typer.Option("--store", "-s", envvar=STORE_ENV, metavar="URL", help=STORE_HELP, show_envvar=False),
+    ] = None,
+) -> None:
+    """Create or upgrade the store's schema: PostgreSQL's (a SQLite file is migrated whenever it is opened).
+
+    Needs --store (or $TETHER_STORE): the database to migrate, e.g. --store postgresql://USER@HOST/DB.
+    """
+    if store is None:
+        fail(
+            "db migrate needs the store whose schema to create or upgrade",
+            f"tether db migrate --store postgresql://USER@HOST/DB (or set {STORE_ENV})",
+        )
+    runs = open_store(store_url(store))
+    try:
+        migrate = getattr(runs, "migrate", None)
+        version = migrate() if callable(migrate) else None
+        done = (
+            f"tether schema {version}"
+            if version is not None
+            else "nothing to migrate: this store migrates itself whenever it is opened"
+        )
+        console().print(Text(f"{runs.identity}: {done}"), overflow="ignore", crop=False)
+    finally:
+        runs.close()
 
 
 @app.command()
 def crashtest(
-    agent: Annotated[
-        str,
-        typer.Argument(
-            metavar="AGENT",
-            help="module:attribute or path/file.py:attribute: an Agent, or a function returning one.",
-        ),
-    ],
+    agent: AgentArgument,
     prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="The prompt each run starts with.")],
     points: Annotated[
         list[str] | None,
         typer.Option(
             "--points",
+            "-p",
             metavar="POINT[,POINT]",
             help="Failpoints to try at each boundary: before_append, after_append, torn_append (default: all).",
         ),
     ] = None,
-    store: StoreOption = DEFAULT_STORE,
+    approve: Annotated[
+        str | None,
+        typer.Option(
+            "--approve",
+            metavar="all",
+            help="all: approve every call that asks for approval, so the runs go past their approvals.",
+        ),
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            "-s",
+            metavar="URL",
+            help="Keep the runs in this store (default: a temporary SQLite file, deleted unless an "
+            "invariant broke).",
+        ),
+    ] = None,
 ) -> None:
     """Kill AGENT's run at every journal boundary, resume it in new processes, check the invariants.
 
+    The runs go to a temporary store unless --store is given. A run that stops to wait for a decision has
+    ended (nobody answers); --approve all answers every approval, so the boundaries after it are tested too.
     Exits 1 when an invariant breaks, 2 on bad input.
     """
-    from .._harness.crash.crash_test import cli_main
+    raise typer.Exit(run_crashtest(agent, prompt, points or [], approve, store))
 
-    raise typer.Exit(cli_main(agent, prompt, store, points or []))
+
+def run_crashtest(agent: str, prompt: str, points: list[str], approve: str | None, store: str | None) -> int:
+    """``tether crashtest``: print the report and what its ends mean; the exit code (0, 1, or 2)."""
+    from .._harness.crash.crash_test import POINTS, CrashCase, InvariantViolation, crash_test
+
+    chosen = tuple(p.strip() for item in points for p in item.split(",") if p.strip()) or POINTS
+    if approve is not None and approve != "all":
+        return _bad(f"--approve {approve} is not known. Fix: pass --approve all, or leave it out")
+    unknown = [point for point in chosen if point not in POINTS]
+    if unknown:
+        return _bad(f"failpoints {unknown} are not known. Fix: use some of {', '.join(POINTS)}")
+    if store is not None and store.strip().startswith("memory:"):
+        return _bad(
+            "a memory: store lives in one process, and the crash test runs many. Fix: pass --store runs.db, "
+            "or leave --store out for a temporary one"
+        )
+    workdir = Path(tempfile.mkdtemp(prefix="tether-crashtest-")) if store is None else None
+    url = f"sqlite:///{workdir / 'runs.db'}" if workdir is not None else store_url(store or "")
+    where = " (a temporary store; --store URL keeps the runs)" if workdir is not None else ""
+    print(f"crash test of {agent}: runs in {url}{where}", file=sys.stderr, flush=True)
+
+    def progress(case: CrashCase) -> None:
+        mark = "ok" if not case.violations else f"{len(case.violations)} violations"
+        reached = "" if case.died else " (not reached)"
+        print(
+            f"  {case.point} at seq {case.seq}: {case.status}{reached}, {mark}", file=sys.stderr, flush=True
+        )
+
+    keep = False
+    try:
+        try:
+            report: CrashReport = crash_test(
+                agent, prompt, store_url=url, points=chosen, on_case=progress, approve=approve
+            )
+            code = 0
+        except InvariantViolation as exc:
+            report, code, keep = exc.report, EXIT_FAILED, True
+        except (ValueError, RuntimeError, OSError) as exc:
+            return _bad(str(exc) if "Fix:" in str(exc) else f"{exc}. Fix: check the command's arguments")
+        print(report)
+        for note in _waiting_notes(report, agent, prompt, approve):
+            print(note)
+        if keep and workdir is not None:
+            print(f"the runs are kept in {url}: tether show RUN_ID --store {url}")
+        return code
+    finally:
+        if workdir is not None and not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _bad(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _waiting_notes(report: CrashReport, agent: str, prompt: str, approve: str | None) -> list[str]:
+    """What a run that ended ``waiting`` means, for the baseline and for the crashed cases."""
+    again = f"tether crashtest {agent} {_quoted(prompt)} --approve all"
+    notes: list[str] = []
+    base = report.baseline
+    if base is not None and base.status == "waiting":
+        notes.append(
+            "waiting: without a crash the run stops to wait for a decision on an approval, and a run waiting "
+            "for a person has ended: nothing runs until someone decides. So only the boundaries up to that "
+            "approval were crash-tested."
+            + (f" Fix: {again} (a person who approves every call)" if approve is None else "")
+        )
+    waiting = [row for row in report.rows if row.status == "waiting"]
+    if waiting and (base is None or base.status != "waiting"):
+        notes.append(
+            f"waiting: {len(waiting)} cases ended waiting for a decision: the crash fell between a request for "
+            "approval and its answer, and a resumed run that waits is returned as it is (the person is not "
+            "asked again). That is a correct end; a decision (tether approve) lets it go on."
+            + (f" To answer those too: {again}" if approve is None else "")
+        )
+    return notes
+
+
+def _quoted(text: str) -> str:
+    return text if text and all(c.isalnum() or c in "-_./:" for c in text) else repr(text)

@@ -11,7 +11,7 @@ import orjson
 
 from .. import journal as j
 from ..context import build_request
-from ..events import Event, Reset, TextDelta
+from ..events import Event, Reset, Retrying, TextDelta
 from ..messages import Message
 from ..messages import text_block as _text
 from ..models.base import ModelReply, ModelRequest
@@ -155,7 +155,7 @@ class ModelStep:
                 if not retryable or failures > agent.model_retries:
                     await self.writer.flush()
                     raise
-                await asyncio.sleep(agent.retry_delay_for(failures, getattr(exc, "retry_after", None)))
+                await self._retry_after(exc, failures)
         summary = "".join(b.get("text", "") for b in reply.content if b.get("type") == "text").strip()
         self.writer.add(j.Compacted, summary=summary, upto_seq=len(state.history), usage=reply.usage)
         await self.writer.flush()
@@ -181,9 +181,7 @@ class ModelStep:
         self.inbox.journal_held()
         if retryable and state.failures_since_reply <= agent.model_retries:
             await self.writer.flush()
-            await asyncio.sleep(
-                agent.retry_delay_for(state.failures_since_reply, getattr(exc, "retry_after", None))
-            )
+            await self._retry_after(exc, state.failures_since_reply)
             return
         reason = f"{type(exc).__name__}: {exc}"
         self.writer.add(j.RunStopped, status="failed", reason=reason[:2000], usage=dict(state.usage))
@@ -192,6 +190,25 @@ class ModelStep:
         except Exception as save_error:
             exc.add_note(f"saving the run also failed: {type(save_error).__name__}: {save_error}")
         raise exc
+
+    async def _retry_after(self, exc: Exception, failures: int) -> None:
+        """Wait before asking again after ``failures`` retryable failures in a row, saying so to ``emit``."""
+        agent = self.agent
+        delay = agent.retry_delay_for(failures, getattr(exc, "retry_after", None))
+        if self.emit is not None:
+            status = getattr(exc, "status_code", None)
+            self.emit(
+                Retrying(
+                    request=self.state.requests,
+                    attempt=failures + 1,
+                    attempts=agent.model_retries + 1,
+                    delay=delay,
+                    error_type=type(exc).__name__,
+                    error=str(exc),
+                    status_code=status if isinstance(status, int) else None,
+                )
+            )
+        await asyncio.sleep(delay)
 
     async def _replied(self, reply: ModelReply) -> None:
         state = self.state

@@ -54,6 +54,23 @@ __all__ = ["OpenAIModel", "convert_error", "from_name", "make_client", "usage_of
 _NO_KEY = "not-needed"
 
 
+def openai_key(api_key: str | None, base_url: str | None, how: str) -> str:
+    """The API key an OpenAI adapter sends: ``api_key``, else ``OPENAI_API_KEY``; a placeholder for a local server.
+
+    Args:
+        how: how to pass a key to this adapter, for the error.
+
+    Raises:
+        ValueError: no key and no ``base_url`` (nor ``OPENAI_BASE_URL``).
+    """
+    key = api_key or os.environ.get("OPENAI_API_KEY")
+    if key:
+        return key
+    if not (base_url or os.environ.get("OPENAI_BASE_URL")):
+        raise ValueError(f"OPENAI_API_KEY is not set. Fix: export OPENAI_API_KEY=... or pass {how}")
+    return _NO_KEY
+
+
 class OpenAIModel:
     """A model behind OpenAI's Chat Completions API (or any OpenAI-compatible server), streamed.
 
@@ -88,14 +105,11 @@ class OpenAIModel:
     ) -> None:
         if not model or not isinstance(model, str):
             raise ValueError(f"model {model!r} is not a model name. Fix: pass e.g. 'gpt-4.1-mini'")
-        key = api_key or os.environ.get("OPENAI_API_KEY")
-        if not key:
-            if not (base_url or os.environ.get("OPENAI_BASE_URL")):
-                raise ValueError(
-                    "OPENAI_API_KEY is not set. Fix: export OPENAI_API_KEY=... or pass "
-                    "OpenAIModel(..., api_key=...) (for a local server: OpenAIModel(name, base_url=...))"
-                )
-            key = _NO_KEY
+        key = openai_key(
+            api_key,
+            base_url,
+            "OpenAIModel(..., api_key=...) (for a local server: OpenAIModel(name, base_url=...))",
+        )
         self.name = model
         self.base_url = base_url
         self.timeout = timeout

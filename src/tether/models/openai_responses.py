@@ -52,6 +52,7 @@ from .openai import (
     _wire_id,
     convert_error,
     make_client,
+    openai_key,
     usage_of,
 )
 
@@ -61,7 +62,6 @@ PROVIDER = "openai-responses"
 """The ``provider`` of this adapter's provider blocks, and its model string prefix."""
 
 _SERVER = "a server speaking OpenAI's Responses API (usually ending in /v1)"
-_NO_KEY = "not-needed"
 _REASONING_MODELS = re.compile(r"^(o\d|gpt-5|codex)", re.IGNORECASE)
 _TERMINAL = frozenset({"response.completed", "response.incomplete"})
 
@@ -105,18 +105,9 @@ class OpenAIResponsesModel:
         extra_body: Mapping[str, Any] | None = None,
         stream: bool = True,
     ) -> None:
-        import os
-
         if not model or not isinstance(model, str):
             raise ValueError(f"model {model!r} is not a model name. Fix: pass e.g. 'gpt-4.1-mini'")
-        key = api_key or os.environ.get("OPENAI_API_KEY")
-        if not key:
-            if not (base_url or os.environ.get("OPENAI_BASE_URL")):
-                raise ValueError(
-                    "OPENAI_API_KEY is not set. Fix: export OPENAI_API_KEY=... or pass "
-                    "OpenAIResponsesModel(..., api_key=...)"
-                )
-            key = _NO_KEY
+        key = openai_key(api_key, base_url, "OpenAIResponsesModel(..., api_key=...)")
         if max_output_tokens is not None and max_output_tokens < 1:
             raise ValueError(f"max_output_tokens={max_output_tokens} is not positive. Fix: pass e.g. 4096")
         self.name = model

@@ -77,7 +77,7 @@ class Store(abc.ABC):
     ``read_inbox``, ``inbox_length``, ``claim``, ``claim_next``, ``renew``, ``release``, ``abandon``,
     ``holder``, ``list``, ``delete``, ``prune``.
     Built on them, for every store: ``load``, ``save``, ``settle``, ``cancel``, ``follow``, ``fork``,
-    ``list_page``, ``exists``.
+    ``list_page``, ``exists``, ``ids_matching``.
 
     Words used below:
         held: a take (``create(owner=...)``, ``claim``, ``claim_next``) succeeded and the lease has not been
@@ -404,6 +404,19 @@ class Store(abc.ABC):
         is left to read; a consumer may stop earlier.
         """
         return operations.follow(self, run_id, after_seq, poll_interval)
+
+    def ids_matching(self, short: str) -> builtins.list[str]:
+        """The ids of the runs that ``short`` abbreviates, sorted; an id equal to ``short`` is one of them.
+
+        ``short`` abbreviates an id when each of its ``-``-separated parts begins the id's part in the same
+        place: ``0195f3a2`` abbreviates every id beginning with it (a root and its subagent runs), and
+        ``0195f3a2-7c3e`` the subagent runs whose own part begins with ``7c3e``. Generic: a scan of ``list``
+        (a store may answer it from an index instead).
+
+        Raises:
+            ValueError: ``short`` is not a valid run id.
+        """
+        return operations.ids_matching(self, short)
 
     def fork(self, run_id: str, at_seq: int | None = None, new_id: str | None = None) -> str:
         """Copy a run's journal up to a turn boundary into a new run, created unheld; return the new id.

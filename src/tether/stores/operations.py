@@ -9,6 +9,7 @@ part of the ``Store`` contract they use, so this module does not import ``stores
 from __future__ import annotations
 
 import asyncio
+import builtins
 import dataclasses
 import gc
 import hashlib
@@ -33,6 +34,7 @@ __all__ = [
     "follow",
     "fork",
     "fork_boundary",
+    "ids_matching",
     "load",
     "save",
     "settle",
@@ -90,6 +92,10 @@ class Primitives(Protocol):
     def exists(self, run_id: str) -> bool: ...
 
     def list(self, *, root_id: str | None = None, limit: int = 100) -> list[RunInfo]: ...
+
+    def list_page(
+        self, *, limit: int = 100, cursor: str | None = None
+    ) -> tuple[builtins.list[RunInfo], str | None]: ...
 
     async def run_io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
 
@@ -414,3 +420,26 @@ def _inherited(entry: j.Entry) -> j.Entry:
             if hasattr(entry, name):
                 changes[name] = value
     return dataclasses.replace(entry, **changes)
+
+
+# --------------------------------------------------------------------------------------------------
+# Short ids
+
+
+def ids_matching(store: Primitives, short: str, page: int = 1000) -> list[str]:
+    """The ids of the runs that ``short`` abbreviates, sorted (see ``Store.ids_matching``); built on ``list``."""
+    j.validate_run_id(short)
+    parts = short.split("-")
+    found: set[str] = set()
+    cursor: str | None = None
+    while True:
+        runs, cursor = store.list_page(limit=page, cursor=cursor)
+        found.update(info.id for info in runs if abbreviates(parts, info.id))
+        if cursor is None:
+            return sorted(found)
+
+
+def abbreviates(parts: Sequence[str], run_id: str) -> bool:
+    """Whether the ``-``-separated ``parts`` of a short id begin the parts of ``run_id``, in order."""
+    theirs = run_id.split("-")
+    return len(theirs) >= len(parts) and all(t.startswith(p) for p, t in zip(parts, theirs, strict=False))

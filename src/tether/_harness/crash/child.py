@@ -22,6 +22,7 @@ import orjson
 from ... import _loading
 from ... import journal as j
 from ...agent import Agent
+from ...humans import ApprovalQuestion, HumanDecision
 from ...messages import Message
 from ...models.base import Model, ModelReply, ModelRequest, TextCallback
 from ...stores import Store, open_store
@@ -34,6 +35,8 @@ LOG_ENV = "TETHER_CRASHTEST_LOG"
 """Names the side file where a child records tool executions and model requests (unset: nothing is recorded)."""
 
 _PATH_ENV = "TETHER_CRASHTEST_PATH"
+_APPROVE_ENV = "TETHER_CRASHTEST_APPROVE"
+"""``all``: every agent of the tree gets a person who approves each call it is asked about."""
 _EFFECTS = ("read_only", "idempotent", "unsafe", "resumable")
 
 
@@ -162,6 +165,27 @@ def _instrument(agent: Agent, seen: set[int] | None = None) -> None:
         _instrument(sub, seen)
 
 
+class _ApproveAll:
+    """The person of ``crash_test(approve="all")``: approves every call it is asked about."""
+
+    async def decide(self, question: ApprovalQuestion) -> HumanDecision:
+        return HumanDecision(True, "crashtest", None)
+
+    def notify(self, text: str) -> None:
+        return None
+
+
+def _approve_all(agent: Agent, seen: set[int] | None = None) -> None:
+    """Give ``agent`` and its subagents the person who approves everything."""
+    seen = set() if seen is None else seen
+    if id(agent) in seen:
+        return
+    seen.add(id(agent))
+    agent.human = _ApproveAll()
+    for sub in getattr(agent, "subagents", {}).values():
+        _approve_all(sub, seen)
+
+
 def _record_appends(store: Store) -> None:
     """Record each append of ``store`` that returned (run, seqs, kinds), in this process's order."""
     append = store.append
@@ -201,6 +225,8 @@ def _child_main(argv: Sequence[str]) -> int:
         agent.store = open_store(store_url)
         _record_appends(agent.store)
         _instrument(agent)
+        if os.environ.get(_APPROVE_ENV) == "all":
+            _approve_all(agent)
         state = agent.run(prompt, id=run_id) if mode == "start" else agent.resume(run_id)
     except Exception as exc:
         traceback.print_exc()

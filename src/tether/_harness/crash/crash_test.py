@@ -37,7 +37,6 @@ import os
 import secrets
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -62,7 +61,6 @@ __all__ = [
     "CrashCase",
     "CrashReport",
     "InvariantViolation",
-    "cli_main",
     "crash_test",
     "load_agent",
     "record_execution",
@@ -206,6 +204,7 @@ def crash_test(
     jobs: int | None = None,
     on_case: Callable[[CrashCase], None] | None = None,
     fresh_interpreter: bool = False,
+    approve: str | None = None,
 ) -> CrashReport:
     """Kill a scenario at every journal boundary, resume it in fresh processes, and check the invariants.
 
@@ -224,6 +223,11 @@ def crash_test(
         on_case: called with each case as it finishes (from a worker thread).
         fresh_interpreter: start every child as a new interpreter (slower). By default each child is
             forked from a server process that has imported tether (and nothing of the agent's code).
+        approve: ``"all"``: every agent of the tree (subagents too) gets a person who approves each call
+            it asks about, so the scenario runs past its approvals; a case whose run ends ``waiting`` (a
+            crash between a request for approval and its answer) has its pending calls approved through the
+            inbox, as ``tether approve`` does, and is resumed again. None (the default): approvals are left
+            pending, and a run waiting for one has ended.
 
     Returns:
         The report: a row per (boundary, failpoint); ``report.violations`` is 0.
@@ -251,6 +255,8 @@ def crash_test(
         raise ValueError("run_id_prefix is longer than 96 characters. Fix: pass a shorter prefix")
     if max_resumes < 1 or timeout <= 0:
         raise ValueError("max_resumes must be at least 1 and timeout positive. Fix: pass e.g. 5 and 60")
+    if approve not in (None, "all"):
+        raise ValueError(f"approve={approve!r} is not known. Fix: pass approve='all', or None")
     if store_url.strip().startswith("memory:"):
         raise ValueError(
             "a memory: store lives in one process, and the crash test runs many. Fix: pass file:PATH or "
@@ -260,7 +266,7 @@ def crash_test(
     workdir = Path(tempfile.mkdtemp(prefix="tether-crashtest-"))
     token = secrets.token_hex(4)
     fork = not fresh_interpreter and hasattr(os, "fork")
-    setup = _Setup(agent_factory, prompt, store, store.identity, workdir, timeout, max_resumes, fork)
+    setup = _Setup(agent_factory, prompt, store, store.identity, workdir, timeout, max_resumes, fork, approve)
     try:
         baseline, boundaries = _baseline(setup, f"{run_id_prefix}-{token}-base")
         plan = [
@@ -330,35 +336,3 @@ def _case(setup: _Setup, point: str, boundary: _Boundary, run_id: str) -> CrashC
     return CrashCase(
         point, boundary.seq, boundary.label, died, resumes, status, violations, run_id, boundary.where
     )
-
-
-# --------------------------------------------------------------------------------------------------
-# The command line
-
-
-def cli_main(agent: str, prompt: str, store: str, points: list[str]) -> int:
-    """``tether crashtest AGENT PROMPT --store URL [--points P,...]``: print the report; 1 on a violation.
-
-    Returns:
-        0 when every invariant held, 1 on a violation, 2 on bad input or a scenario that does not run.
-    """
-    chosen = tuple(p.strip() for item in points for p in item.split(",") if p.strip()) or POINTS
-
-    def progress(case: CrashCase) -> None:
-        mark = "ok" if not case.violations else f"{len(case.violations)} violations"
-        reached = "" if case.died else " (not reached)"
-        print(
-            f"  {case.point} at seq {case.seq}: {case.status}{reached}, {mark}", file=sys.stderr, flush=True
-        )
-
-    try:
-        report = crash_test(agent, prompt, store_url=store, points=chosen, on_case=progress)
-    except InvariantViolation as exc:
-        print(exc.report)
-        return 1
-    except (ValueError, RuntimeError, OSError) as exc:
-        message = str(exc) if "Fix:" in str(exc) else f"{exc}. Fix: check the command's arguments"
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-    print(report)
-    return 0

@@ -24,7 +24,7 @@ import orjson
 from ...state import State
 from ...stores import Store
 from .checks import ENDS, _describe, _records, judge
-from .child import _PATH_ENV, LOG_ENV
+from .child import _APPROVE_ENV, _PATH_ENV, LOG_ENV
 
 _CHILD_CODE = (
     "import os, sys\n"
@@ -150,12 +150,15 @@ class _Setup:
     timeout: float
     max_resumes: int
     fork: bool = True
+    approve: str | None = None
     idle: queue.SimpleQueue[_ForkServer] = field(default_factory=queue.SimpleQueue)
     servers: list[_ForkServer] = field(default_factory=list)
 
     def env(self, log: Path | None, failpoint: str | None = None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("TETHER_FAILPOINT", LOG_ENV)}
+        env = {k: v for k, v in os.environ.items() if k not in ("TETHER_FAILPOINT", LOG_ENV, _APPROVE_ENV)}
         env[_PATH_ENV] = os.pathsep.join(p for p in sys.path if p)
+        if self.approve is not None:
+            env[_APPROVE_ENV] = self.approve
         if log is not None:
             env[LOG_ENV] = str(log)
         if failpoint is not None:
@@ -213,7 +216,7 @@ class _Setup:
         if first.code not in expected and status != "failed":
             return status, 0, [f"{what} {first.problem()}"]
         resumes = 0
-        while status not in ENDS and resumes < self.max_resumes:
+        while (status not in ENDS or self._answered(run_id, status)) and resumes < self.max_resumes:
             resumes += 1
             done = self.spawn("resume", run_id, log)
             try:
@@ -229,6 +232,19 @@ class _Setup:
         if status not in ENDS:
             violations.append(f"the run did not end: still {status} after {resumes} resumes")
         return status, resumes, violations
+
+    def _answered(self, run_id: str, status: str) -> bool:
+        """With ``approve="all"``, approve the pending calls of a run that ended ``waiting`` (posted, as
+        ``tether approve`` does); True when there were some, so the run is resumed again."""
+        if self.approve != "all" or status != "waiting":
+            return False
+        state = self.store.load(run_id)
+        pending = state.pending_approvals
+        for call in pending:
+            state.approve(call.call_id, by="crashtest", run_id=call.run_id)
+        if pending:
+            self.store.save(state)
+        return bool(pending)
 
     def tree(self, run_id: str) -> list[State]:
         """The run and its subagent runs (every run whose root it is), loaded."""

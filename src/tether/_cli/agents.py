@@ -46,6 +46,7 @@ from .common import (
     friendly_errors,
     load_agent,
     names_for,
+    print_line,
     require_store,
     resolve_run,
     resume_hint,
@@ -147,24 +148,24 @@ def _decide(
     if skipped is not None:
         fail(skipped.reason, f"nothing to do; tether show {short} shows the decision")
     if journaled:
-        _line(out, f"call {call_id} of run {short} {verb} by {who}: journaled at seq {journaled[0].seq}")
+        print_line(out, f"call {call_id} of run {short} {verb} by {who}: journaled at seq {journaled[0].seq}")
     else:
-        _line(out, f"call {call_id} of run {short} {verb} by {who}: posted to the run's inbox")
+        print_line(out, f"call {call_id} of run {short} {verb} by {who}: posted to the run's inbox")
     root = state.root_id or state.id
     root_short = names.short(root)
     holder = runs.holder(root)
     if holder is not None:
-        _line(
+        print_line(
             out,
             f"run {root_short} is driven by {holder.describe()}; it journals the decision within its poll interval",
         )
         return
     root_agent = next((info.agent for info in tree if info.id == root), state.agent)
     if target != root or state.status == "running":
-        _line(out, not_driven(root_short, root_agent, store_flag(runs, url)))
+        print_line(out, not_driven(root_short, root_agent, store_flag(runs, url)))
     elif state.status == "waiting":
         waiting = ", ".join(p.call_id for p in state.pending_approvals) or "a subagent run"
-        _line(out, f"run {root_short} still waits for decisions on: {waiting}")
+        print_line(out, f"run {root_short} still waits for decisions on: {waiting}")
 
 
 ReasonOption = Annotated[
@@ -251,10 +252,6 @@ def with_store(agent: Agent, url: str | None, *, must_exist: bool) -> Store:
     return agent.store
 
 
-def _line(out: Console, text: str, style: str = "") -> None:
-    out.print(Text(text, style=style), overflow="ignore", crop=False, soft_wrap=True)
-
-
 class LiveView:
     """What ``run`` and ``resume`` print as the drive goes: model text as it streams, and one line per call,
     result, decision, inbox item and retry (``agent.stream``'s events)."""
@@ -301,7 +298,7 @@ class LiveView:
 
     def line(self, text: str, style: str = "") -> None:
         self.end_line()
-        _line(self.out, text, style)
+        print_line(self.out, text, style)
 
     def event(self, event: Event) -> None:
         self.seen = True
@@ -371,18 +368,18 @@ def _report(out: Console, state: State, store: Store, spec: str, view: LiveView)
     for pending in state.pending_approvals:
         run_id = pending.run_id or state.id
         where = "" if run_id == state.id else f" (in subagent run {names.short(run_id)})"
-        _line(out, f"  {pending.call_id} {format_call(pending.tool, pending.args)} waits{where}")
+        print_line(out, f"  {pending.call_id} {format_call(pending.tool, pending.args)} waits{where}")
         for text in decide_lines(names.short(run_id), pending.call_id, flag):
-            _line(out, f"    {text}")
+            print_line(out, f"    {text}")
     if state.pending_approvals:
-        _line(out, f"  then continue: {again}")
+        print_line(out, f"  then continue: {again}")
     elif state.status == "failed":
-        _line(out, f"Continue: {again} (it asks the model again)")
+        print_line(out, f"Continue: {again} (it asks the model again)")
         return EXIT_FAILED
     elif state.status == "stopped":
-        _line(out, f"Continue: raise the agent's budget, then {again}")
+        print_line(out, f"Continue: raise the agent's budget, then {again}")
     elif state.status == "running" and not held:
-        _line(out, f"Continue: {again}")
+        print_line(out, f"Continue: {again}")
     return 0
 
 
@@ -402,17 +399,17 @@ def _failed(out: Console, exc: BaseException, state: State, store: Store, spec: 
     names = names_for(store)
     short = names.short(state.id)
     if state.status != "failed":  # the error did not stop the run (a store error, a bug): say so first
-        _line(out, f"error: {type(exc).__name__}: {truncate(what.rstrip('.'), 300)}", "red")
+        print_line(out, f"error: {type(exc).__name__}: {truncate(what.rstrip('.'), 300)}", "red")
         _report(out, state, store, spec, view)
-        _line(out, f"Continue: {view.resume(spec, short)}")
+        print_line(out, f"Continue: {view.resume(spec, short)}")
         return EXIT_FAILED
-    _line(
+    print_line(
         out, f"run {short} failed: {type(exc).__name__}: {truncate(what.rstrip('.'), 300)}{attempts}", "red"
     )
     if fix and not retried:
-        _line(out, f"Fix: {fix.rstrip('.')}, then {view.resume(spec, short)}")
+        print_line(out, f"Fix: {fix.rstrip('.')}, then {view.resume(spec, short)}")
     else:
-        _line(out, f"Continue: {view.resume(spec, short)} (it asks the model again)")
+        print_line(out, f"Continue: {view.resume(spec, short)} (it asks the model again)")
     return EXIT_FAILED
 
 

@@ -23,6 +23,7 @@ from rich.text import Text
 
 from .. import __version__, _loading
 from ..errors import TetherError
+from ..state import State
 from ..stores import RunInfo, Store, open_store
 from . import ids
 
@@ -399,3 +400,32 @@ def load_agent(spec: str) -> Agent:
             it is not an Agent.
     """
     return _loading.load_agent(spec, _WORDING)
+
+
+TREE_LIMIT = 100_000
+"""At most this many runs of one tree are listed."""
+
+
+def print_line(out: Console, line: str, style: str = "") -> None:
+    """Print one line as it is: no markup, never cut (a terminal wraps it)."""
+    out.print(Text(line, style=style), overflow="ignore", crop=False, soft_wrap=True)
+
+
+def info_of(state: State, tree: Sequence[RunInfo]) -> RunInfo:
+    """The listing record of ``state``: from ``tree`` when it is there, else made from the fold."""
+    found = next((info for info in tree if info.id == state.id), None)
+    if found is not None:
+        return found
+    return RunInfo(
+        id=state.id,
+        agent=state.agent,
+        status=state.status,
+        first_message=state.first_message,
+        created_at=state.created_at,
+        updated_at=state.updated_at,
+        turn=state.turn,
+        parent_id=state.parent_id,
+        root_id=state.root_id or state.id,
+        lease_owner=None,
+        lease_expires_at=None,
+    )

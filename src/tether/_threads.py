@@ -10,6 +10,9 @@ never delays another. With a ``limit``, jobs beyond it wait for the first thread
 A job may hand its thread on (``then``): after the job reports back, the same thread runs one more
 callable outside the pool, not counted in its limit, so the work that follows needs no other thread to
 wake up (the store's thread starts a sync tool right after the append that made its start durable).
+
+``LoopThread`` is the other direction: an event loop on a daemon thread of its own, on which sync callers
+run coroutines (the sync face of a store that implements only async primitives).
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["Threads"]
+__all__ = ["LoopThread", "Threads"]
 
 log = logging.getLogger("tether")
 
@@ -199,6 +202,58 @@ class Threads:
 _Inbox = queue.SimpleQueue  # a thread's own job queue: a job, or None to stop
 
 _POOLS: weakref.WeakSet[Threads] = weakref.WeakSet()
+
+
+class LoopThread:
+    """An event loop running on a daemon thread named ``name``, started on first use.
+
+    ``run`` blocks the calling thread until a coroutine has run to its end on that loop. In a forked child
+    the parent's thread does not exist: the first ``run`` there starts a new one.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop's thread and return its result (or raise its exception).
+
+        Raises:
+            RuntimeError: called from the loop's own thread (it would wait for itself).
+        """
+        loop = self._running_loop()
+        if threading.current_thread().name == self.name and asyncio._get_running_loop() is loop:
+            coro.close()
+            raise RuntimeError(
+                f"a sync store call was made on {self.name}, the thread of the store's own event loop. "
+                "Fix: await the store's a-prefixed twin in async code"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid() or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=_serve, args=(loop,), name=self.name, daemon=True).start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+    def close(self) -> None:
+        """Stop the loop and its thread (a later ``run`` starts them again)."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None and self._pid == os.getpid() and not loop.is_closed():
+            loop.call_soon_threadsafe(loop.stop)
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
 
 
 def _after_fork_in_child() -> None:

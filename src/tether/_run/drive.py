@@ -153,7 +153,7 @@ class Drive:
             state.parent_id is None
             and state.subagent_calls
             and store.ttl is not None
-            and await store.run_io(skip_orphaned_items, store, state) > 0
+            and await store.aoperate(skip_orphaned_items, state) > 0
         ):
             writer.act()  # the tree changed: the root's own entries say when it was last acted on
         if state.status in ("running", "failed") and state.resumes_since_progress >= 3:

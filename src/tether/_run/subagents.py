@@ -20,14 +20,14 @@ from ..errors import RunBusyError, RunNotFoundError
 from ..messages import text_block
 from ..state import State
 from ..stores.base import Lease, Owner, Store
-from ..stores.operations import child_id_for
+from ..stores.operations import child_id_for, child_needs_work
 from ..tools import Tool
 from ..writing import JournalWriter
 from .agent_spec import DrivenAgent
 from .otel_trace import child_traceparent
 from .writer import Writer
 
-__all__ = ["ChildBusy", "ChildOutcome", "Children", "DriveChild", "child_needs_work", "subagent_tool"]
+__all__ = ["ChildBusy", "ChildOutcome", "Children", "DriveChild", "subagent_tool"]
 
 log = logging.getLogger("tether")
 
@@ -128,7 +128,7 @@ class Children:
             if (
                 record is not None
                 and record.child_id is not None
-                and await store.run_io(child_needs_work, store, record.child_id)
+                and await store.aoperate(child_needs_work, record.child_id)
             ):
                 out.append(call.call_id)
         return out
@@ -229,20 +229,3 @@ def _outcome(child: State) -> ChildOutcome:
         return ChildOutcome("aborted", [text_block("subagent cancelled")], usage, [], child.id)
     text = f"subagent run {child.id} {child.status}: {child.reason or 'no reason given'}"
     return ChildOutcome("error", [text_block(text)], usage, [], child.id)
-
-
-def child_needs_work(store: Store, child_id: str) -> bool:
-    """Whether a waiting child (or one of its own children) has something to act on (DURABILITY 6)."""
-    try:
-        child = store.load(child_id)
-    except RunNotFoundError:
-        return True  # re-entering the call creates it
-    if child.status != "waiting":
-        return True
-    if store.inbox_length(child_id) > child.inbox_consumed + 1:
-        return True
-    return any(
-        call.child_id is not None and child_needs_work(store, call.child_id)
-        for call in (child.call(c.call_id) for c in child.open_calls)
-        if call is not None
-    )

@@ -120,7 +120,7 @@ async def take_state(agent: DrivenAgent, store: Store, state: State) -> tuple[Jo
     owner = Owner.here()
     lease = await store.run_io(store.claim, state.id, owner, agent.lease_ttl_for(store))
     try:
-        await store.run_io(append_missing, store, state, lease)  # what a failed drive kept in memory
+        await store.aoperate(append_missing, state, lease)  # what a failed drive kept in memory
         fresh = await store.run_io(store.read, state.id, len(state.history) - 1)
         foreign = _foreign_entries(fresh, posted)
         if foreign:

@@ -132,7 +132,7 @@ class ToolStep:
                 await asyncio.wait({task})
                 self._tasks.pop(call.call_id, None)
             else:
-                await store.run_io(cancel_tree, store, child_id, "parent", True)
+                await store.aoperate(cancel_tree, child_id, "parent", True)
 
     def _start(self, call_id: str) -> int:
         """Queue ``tool_started`` for a call about to run (retries keep the journaled effect and key).

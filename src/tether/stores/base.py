@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import abc
 import builtins
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from .. import journal as j
-from .._threads import Threads
-from ..errors import RunNotFoundError
+from .._threads import LoopThread, Threads
 from ..inbox import InboxItem
 from ..state import State
 from . import operations
+from ._face import AsyncFace, SyncFace, run_sync
 from ._listing import ListCursor, as_cutoff, listing_key
 from ._planner import (
     check_batch,
@@ -61,6 +61,10 @@ __all__ = [
 P = ParamSpec("P")
 T = TypeVar("T")
 
+PRIMITIVES = ("create", "append", "read", "length", "post", "read_inbox", "inbox_length", "claim",
+              "claim_next", "renew", "release", "abandon", "holder", "list", "delete", "prune")  # fmt: skip
+"""The primitives a store implements, each in one face at least: ``name`` (sync) or ``a`` + ``name``."""
+
 IO_THREADS = 4
 """Threads each store runs its I/O on; more calls at once wait for the first free one."""
 
@@ -96,8 +100,25 @@ class Store(abc.ABC):
     ttl: float | None = None
     """Lease length for claims, in seconds; None for a store whose lease is a lock the OS drops."""
 
+    async_native: bool = False
+    """Whether the store implements async primitives itself (set for each subclass, from its methods)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.async_native = any(getattr(cls, f"a{name}") is not getattr(Store, f"a{name}") for name in PRIMITIVES)
+
     def __init__(self) -> None:
         self.io_threads = Threads("tether-store", limit=IO_THREADS)
+        self._loop_thread: LoopThread | None = None
+        missing = [name for name in PRIMITIVES
+                   if getattr(type(self), name) is getattr(Store, name)
+                   and getattr(type(self), f"a{name}") is getattr(Store, f"a{name}")]  # fmt: skip
+        if missing:
+            raise TypeError(
+                f"{type(self).__name__} implements neither {missing[0]} nor a{missing[0]}"
+                f"{f' (nor {len(missing) - 1} other primitives)' if len(missing) > 1 else ''}. Fix: implement "
+                "each primitive in one face, sync or async; the base gives the other"
+            )
 
     # --------------------------------------------------------------------------------------------
     # Primitives
@@ -110,7 +131,6 @@ class Store(abc.ABC):
         ``open_store(store.identity)`` opens the same storage (except for a MemoryStore).
         """
 
-    @abc.abstractmethod
     def create(
         self,
         run_id: str,
@@ -129,8 +149,8 @@ class Store(abc.ABC):
         Raises:
             ValueError: the id exists, is not a valid run id, or ``entries`` is not one sealed batch.
         """
+        return self._on_loop(self.acreate(run_id, entries, info, owner=owner, ttl=ttl))
 
-    @abc.abstractmethod
     def append(
         self,
         run_id: str,
@@ -156,8 +176,10 @@ class Store(abc.ABC):
             RunNotFoundError: no such run.
             ValueError: ``entries`` is not one sealed batch numbered from ``expected_seq``.
         """
+        self._on_loop(
+            self.aappend(run_id, entries, expected_seq=expected_seq, writer=writer, lease_token=lease_token, info=info)
+        )
 
-    @abc.abstractmethod
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         """The durable entries with seq > ``after_seq``, decoded and checked, in seq order.
 
@@ -166,16 +188,16 @@ class Store(abc.ABC):
         Raises:
             RunNotFoundError, CorruptJournalError, NewerFormatError.
         """
+        return self._on_loop(self.aread(run_id, after_seq))
 
-    @abc.abstractmethod
     def length(self, run_id: str) -> int:
         """How many entries the journal holds (a cheap read).
 
         Raises:
             RunNotFoundError: no such run.
         """
+        return self._on_loop(self.alength(run_id))
 
-    @abc.abstractmethod
     def post(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int:
         """Durably add an item to the run's inbox and return its ``inbox_seq`` (DURABILITY 2).
 
@@ -187,16 +209,16 @@ class Store(abc.ABC):
             RunNotFoundError: no such run.
             ValueError: the item's ``type`` is not ``decision``, ``message`` or ``cancel``.
         """
+        return self._on_loop(self.apost(run_id, item, item_id=item_id))
 
-    @abc.abstractmethod
     def read_inbox(self, run_id: str, after_seq: int = -1) -> list[InboxItem]:
         """The inbox items with inbox_seq > ``after_seq``, in order (durable before they are returned)."""
+        return self._on_loop(self.aread_inbox(run_id, after_seq))
 
-    @abc.abstractmethod
     def inbox_length(self, run_id: str) -> int:
         """How many items the inbox holds (one cheap read; the holder polls it)."""
+        return self._on_loop(self.ainbox_length(run_id))
 
-    @abc.abstractmethod
     def claim(self, run_id: str, owner: Owner, ttl: float | None = None) -> Lease:
         """Take the run and return a Lease with a new fencing token (greater than every earlier one).
 
@@ -207,8 +229,8 @@ class Store(abc.ABC):
             RunBusyError: it is held (names pid, host, since and whether that process lives).
             RunNotFoundError: no such run.
         """
+        return self._on_loop(self.aclaim(run_id, owner, ttl))
 
-    @abc.abstractmethod
     def claim_next(
         self, owner: Owner, ttl: float | None = None, agents: Collection[str] | None = None
     ) -> Lease | None:
@@ -227,36 +249,36 @@ class Store(abc.ABC):
         concurrent ``claim_next`` never return the same run. ``failed``, ``stopped`` and ``completed`` runs
         without unconsumed items are never claimed.
         """
+        return self._on_loop(self.aclaim_next(owner, ttl, agents))
 
-    @abc.abstractmethod
     def renew(self, lease: Lease) -> Lease:
         """Extend the lease by its ``ttl`` from now (a no-op returning ``lease`` for lock stores).
 
         Raises:
             LeaseLostError: it was taken over, released or abandoned.
         """
+        return self._on_loop(self.arenew(lease))
 
-    @abc.abstractmethod
     def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
         """Give the run up, only if the journal has ``at_seq`` entries and the inbox ``inbox_len`` items.
 
         Returns False (still held) when either grew: the holder consumes again, then releases again. Returns
         True when released, and when the lease is no longer this holder's (nothing of its own to release).
         """
+        return self._on_loop(self.arelease(lease, at_seq=at_seq, inbox_len=inbox_len))
 
-    @abc.abstractmethod
     def abandon(self, lease: Lease) -> None:
         """Give the run up unconditionally (after an error) if this lease still holds it; never raises."""
+        self._on_loop(self.aabandon(lease))
 
-    @abc.abstractmethod
     def holder(self, run_id: str) -> Owner | None:
         """Who holds the run now (None: no one); never makes a concurrent take fail.
 
         Raises:
             RunNotFoundError: no such run.
         """
+        return self._on_loop(self.aholder(run_id))
 
-    @abc.abstractmethod
     def list(
         self,
         *,
@@ -284,8 +306,11 @@ class Store(abc.ABC):
         Raises:
             ValueError: a bad cursor, time bound or metadata filter.
         """
+        return self._on_loop(
+            self.alist(status=status, agent=agent, parent_id=parent_id, root_id=root_id, updated_before=updated_before,
+                       updated_after=updated_after, limit=limit, cursor=cursor, metadata=metadata)  # fmt: skip
+        )
 
-    @abc.abstractmethod
     def delete(self, run_id: str, *, children: bool = False) -> None:
         """Delete a run's journal and inbox (and with ``children=True`` its subagent runs), all or nothing.
 
@@ -301,8 +326,8 @@ class Store(abc.ABC):
             ValueError: the run is a subagent of an existing run, or has subagent runs and ``children`` is
                 False.
         """
+        self._on_loop(self.adelete(run_id, children=children))
 
-    @abc.abstractmethod
     def prune(
         self,
         older_than: datetime | timedelta | str,
@@ -328,6 +353,7 @@ class Store(abc.ABC):
         Raises:
             ValueError: a status that is not a stop, or a bad cutoff.
         """
+        return self._on_loop(self.aprune(older_than, statuses=statuses, children=children, dry_run=dry_run))
 
     # --------------------------------------------------------------------------------------------
     # Built on the primitives
@@ -346,19 +372,15 @@ class Store(abc.ABC):
 
     def load(self, run_id: str) -> State:
         """The run as its journal says: pure replay; never writes, never recovers."""
-        return operations.load(self, run_id)
+        return self.operate(operations.load, run_id)
 
     def exists(self, run_id: str) -> bool:
         """Whether the store has the run."""
-        try:
-            self.length(run_id)
-        except RunNotFoundError:
-            return False
-        return True
+        return self.operate(operations.exists, run_id)
 
     def check_state(self, state: State) -> None:
         """Refuse a State that belongs to another store (ValueError)."""
-        operations.check_state(self, state)
+        operations.check_state(AsyncFace(self), state)
 
     def save(self, state: State) -> State:
         """Write what the store lacks: a new run, or the changes made on ``state``; nothing if none.
@@ -369,11 +391,11 @@ class Store(abc.ABC):
         journal. When a driver holds it, the driver journals them within its poll interval. A save with
         nothing to write takes nothing and writes nothing; ``state`` only catches up.
         """
-        return operations.save(self, state)
+        return self.operate(operations.save, state)
 
     def catch_up(self, state: State) -> None:
         """Fold into ``state`` the durable entries it has not seen."""
-        operations.catch_up(self, state)
+        self.operate(operations.catch_up, state)
 
     def settle(self, run_id: str, *, by_parent: bool = False) -> State | None:
         """Take the run if no one holds it, journal its inbox, release it; None when it is held.
@@ -384,7 +406,7 @@ class Store(abc.ABC):
         root's driver consumes its inbox): None is returned for it, unless ``by_parent`` says the caller
         acts for its parent (it holds the parent, or cancels the tree from the top, children first).
         """
-        return operations.settle(self, run_id, by_parent=by_parent)
+        return self.operate(operations.settle, run_id, by_parent=by_parent)
 
     def cancel(self, run_id: str, by: str | None = None) -> State | None:
         """Ask to cancel the run and, first, its open subagent runs: posted, journaled now if no one holds it.
@@ -393,7 +415,7 @@ class Store(abc.ABC):
         at once when no one holds it. Returns the run after the cancel was journaled, or None when a driver
         holds it (it stops the run within its poll interval).
         """
-        return operations.cancel_tree(self, run_id, by)
+        return self.operate(operations.cancel_tree, run_id, by)
 
     def follow(
         self, run_id: str, after_seq: int = -1, *, poll_interval: float = 0.2
@@ -403,7 +425,7 @@ class Store(abc.ABC):
         Ends when the run has stopped (``completed``, ``failed``, ``cancelled`` or ``stopped``) and nothing
         is left to read; a consumer may stop earlier.
         """
-        return operations.follow(self, run_id, after_seq, poll_interval)
+        return operations.follow(AsyncFace(self), run_id, after_seq, poll_interval)
 
     def ids_matching(self, short: str) -> builtins.list[str]:
         """The ids of the runs that ``short`` abbreviates, sorted; an id equal to ``short`` is one of them.
@@ -416,7 +438,7 @@ class Store(abc.ABC):
         Raises:
             ValueError: ``short`` is not a valid run id.
         """
-        return operations.ids_matching(self, short)
+        return self.operate(operations.ids_matching, short)
 
     def fork(self, run_id: str, at_seq: int | None = None, new_id: str | None = None) -> str:
         """Copy a run's journal up to a turn boundary into a new run, created unheld; return the new id.
@@ -439,7 +461,7 @@ class Store(abc.ABC):
             ValueError: ``at_seq`` outside the journal, ``new_id`` exists or is invalid, or the run is a
                 subagent run (fork its root).
         """
-        return operations.fork(self, run_id, at_seq, new_id)
+        return self.operate(operations.fork, run_id, at_seq, new_id)
 
     def list_page(
         self,
@@ -464,32 +486,161 @@ class Store(abc.ABC):
         Raises:
             ValueError: a bad cursor, time bound, metadata filter or limit.
         """
-        if limit < 1:
-            raise ValueError(f"limit {limit} is not positive. Fix: pass limit >= 1")
-        filters: dict[str, Any] = {
-            "status": status,
-            "agent": agent,
-            "parent_id": parent_id,
-            "root_id": root_id,
-            "updated_before": updated_before,
-            "updated_after": updated_after,
-        }
-        if metadata:
-            filters["metadata"] = metadata
-        here = ListCursor.decode(cursor)
-        found = self.list(**filters, limit=limit + 1, cursor=cursor)
-        page = found[:limit]
-        top = here.top
-        if top is None and page:
-            top = page[0].updated_at or ""
-        if len(found) > limit:
-            last = page[-1]
-            return page, ListCursor(here.since, top, last.updated_at or "", last.id).encode()
-        if top is None:
-            return page, None
-        following = ListCursor(since=top).encode()
-        return page, (following if self.list(**filters, limit=1, cursor=following) else None)
+        filters = {"status": status, "agent": agent, "parent_id": parent_id, "root_id": root_id,
+                   "updated_before": updated_before, "updated_after": updated_after, "metadata": metadata}  # fmt: skip
+        return self.operate(operations.list_page, filters, limit=limit, cursor=cursor)
+
+    # --------------------------------------------------------------------------------------------
+    # The async face: the twin of every public method (DESIGN 8.1)
+    #
+    # A primitive's twin runs the sync primitive on the store's threads unless the store overrides it
+    # (then the store is ``async_native``). A composite's twin runs its operation over the async twins on
+    # the caller's loop for an async-native store, else the sync composite on the store's threads (one trip).
+
+    async def acreate(self, run_id: str, entries: Sequence[j.Entry], info: dict[str, Any], *,
+                      owner: Owner | None = None, ttl: float | None = None) -> Lease | None:  # fmt: skip
+        """``create`` without blocking the event loop."""
+        return await self.run_io(self.create, run_id, entries, info, owner=owner, ttl=ttl)
+
+    async def aappend(self, run_id: str, entries: Sequence[j.Entry], *, expected_seq: int, writer: str,
+                      lease_token: int | None, info: dict[str, Any]) -> None:  # fmt: skip
+        """``append`` without blocking the event loop. Cancelling the awaiting task may leave the outcome
+        unknown, as a lost connection does: a retry with the same batch settles it (the same-writer rule)."""
+        await self.run_io(self.append, run_id, entries, expected_seq=expected_seq, writer=writer,
+                          lease_token=lease_token, info=info)  # fmt: skip
+
+    async def aread(self, run_id: str, after_seq: int = -1) -> builtins.list[j.Entry]:
+        """``read`` without blocking the event loop."""
+        return await self.run_io(self.read, run_id, after_seq)
+
+    async def alength(self, run_id: str) -> int:
+        """``length`` without blocking the event loop."""
+        return await self.run_io(self.length, run_id)
+
+    async def apost(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int:
+        """``post`` without blocking the event loop."""
+        return await self.run_io(self.post, run_id, item, item_id=item_id)
+
+    async def aread_inbox(self, run_id: str, after_seq: int = -1) -> builtins.list[InboxItem]:
+        """``read_inbox`` without blocking the event loop."""
+        return await self.run_io(self.read_inbox, run_id, after_seq)
+
+    async def ainbox_length(self, run_id: str) -> int:
+        """``inbox_length`` without blocking the event loop."""
+        return await self.run_io(self.inbox_length, run_id)
+
+    async def aclaim(self, run_id: str, owner: Owner, ttl: float | None = None) -> Lease:
+        """``claim`` without blocking the event loop."""
+        return await self.run_io(self.claim, run_id, owner, ttl)
+
+    async def aclaim_next(self, owner: Owner, ttl: float | None = None,
+                          agents: Collection[str] | None = None) -> Lease | None:  # fmt: skip
+        """``claim_next`` without blocking the event loop."""
+        return await self.run_io(self.claim_next, owner, ttl, agents)
+
+    async def arenew(self, lease: Lease) -> Lease:
+        """``renew`` without blocking the event loop."""
+        return await self.run_io(self.renew, lease)
+
+    async def arelease(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
+        """``release`` without blocking the event loop."""
+        return await self.run_io(self.release, lease, at_seq=at_seq, inbox_len=inbox_len)
+
+    async def aabandon(self, lease: Lease) -> None:
+        """``abandon`` without blocking the event loop; never raises."""
+        await self.run_io(self.abandon, lease)
+
+    async def aholder(self, run_id: str) -> Owner | None:
+        """``holder`` without blocking the event loop."""
+        return await self.run_io(self.holder, run_id)
+
+    async def alist(self, *, status: str | None = None, agent: str | None = None, parent_id: str | None = None,
+                    root_id: str | None = None, updated_before: datetime | str | None = None,
+                    updated_after: datetime | str | None = None, limit: int = 100, cursor: str | None = None,
+                    metadata: Mapping[str, str] | None = None) -> builtins.list[RunInfo]:  # fmt: skip
+        """``list`` without blocking the event loop."""
+        return await self.run_io(self.list, status=status, agent=agent, parent_id=parent_id, root_id=root_id,
+                                 updated_before=updated_before, updated_after=updated_after, limit=limit,
+                                 cursor=cursor, metadata=metadata)  # fmt: skip
+
+    async def adelete(self, run_id: str, *, children: bool = False) -> None:
+        """``delete`` without blocking the event loop."""
+        await self.run_io(self.delete, run_id, children=children)
+
+    async def aprune(self, older_than: datetime | timedelta | str, *, statuses: Sequence[str] = j.STOP_STATUSES,
+                     children: bool = False, dry_run: bool = False) -> builtins.list[str]:  # fmt: skip
+        """``prune`` without blocking the event loop."""
+        return await self.run_io(self.prune, older_than, statuses=statuses, children=children, dry_run=dry_run)
+
+    async def aload(self, run_id: str) -> State:
+        """``load`` without blocking the event loop."""
+        return await self.aoperate(operations.load, run_id)
+
+    async def aexists(self, run_id: str) -> bool:
+        """``exists`` without blocking the event loop."""
+        return await self.aoperate(operations.exists, run_id)
+
+    async def asave(self, state: State) -> State:
+        """``save`` without blocking the event loop."""
+        return await self.aoperate(operations.save, state)
+
+    async def acatch_up(self, state: State) -> None:
+        """``catch_up`` without blocking the event loop."""
+        await self.aoperate(operations.catch_up, state)
+
+    async def asettle(self, run_id: str, *, by_parent: bool = False) -> State | None:
+        """``settle`` without blocking the event loop."""
+        return await self.aoperate(operations.settle, run_id, by_parent=by_parent)
+
+    async def acancel(self, run_id: str, by: str | None = None) -> State | None:
+        """``cancel`` without blocking the event loop."""
+        return await self.aoperate(operations.cancel_tree, run_id, by)
+
+    async def aids_matching(self, short: str) -> builtins.list[str]:
+        """``ids_matching`` without blocking the event loop."""
+        if not self.async_native:
+            return await self.run_io(self.ids_matching, short)  # a store may answer it from an index
+        return await self.aoperate(operations.ids_matching, short)
+
+    async def afork(self, run_id: str, at_seq: int | None = None, new_id: str | None = None) -> str:
+        """``fork`` without blocking the event loop."""
+        return await self.aoperate(operations.fork, run_id, at_seq, new_id)
+
+    async def alist_page(self, *, status: str | None = None, agent: str | None = None,
+                         parent_id: str | None = None, root_id: str | None = None,
+                         updated_before: datetime | str | None = None, updated_after: datetime | str | None = None,
+                         limit: int = 100, cursor: str | None = None,
+                         metadata: Mapping[str, str] | None = None) -> tuple[builtins.list[RunInfo], str | None]:  # fmt: skip
+        """``list_page`` without blocking the event loop."""
+        filters = {"status": status, "agent": agent, "parent_id": parent_id, "root_id": root_id,
+                   "updated_before": updated_before, "updated_after": updated_after, "metadata": metadata}  # fmt: skip
+        return await self.aoperate(operations.list_page, filters, limit=limit, cursor=cursor)
+
+    async def aclose(self) -> None:
+        """``close`` without blocking the event loop (an async-native store closes its async connections)."""
+        await self.run_io(self.close)
+
+    # --------------------------------------------------------------------------------------------
+    # Running an operation on either face
+
+    def operate(self, op: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
+        """Run an operation of ``tether.stores.operations`` over the sync primitives, on this thread."""
+        return run_sync(op(SyncFace(self), *args, **kwargs))
+
+    async def aoperate(self, op: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
+        """Run an operation over the async twins on this loop (an async-native store), else on a store thread."""
+        if self.async_native:
+            return await op(AsyncFace(self), *args, **kwargs)
+        return await self.run_io(self.operate, op, *args, **kwargs)
+
+    def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """The sync face of an async-only primitive: ``coro`` on the store's own loop thread."""
+        if self._loop_thread is None:
+            self._loop_thread = LoopThread(f"tether-store-loop-{id(self):x}")
+        return self._loop_thread.run(coro)
 
     def close(self) -> None:
-        """Release resources (the I/O threads, connections)."""
+        """Release resources (the I/O threads, the loop thread, connections)."""
         self.io_threads.shutdown()
+        if self._loop_thread is not None:
+            self._loop_thread.close()

@@ -2,8 +2,9 @@
 
 ``Store``'s built-on methods call these functions, so a new store gets them by implementing the
 primitives. They fold (``State.replay``) and journal inbox items (``tether._consume``) above the store,
-never inside it: a concrete store only keeps entries. The functions take the store as ``Primitives``, the
-part of the ``Store`` contract they use, so this module does not import ``stores.base`` (which imports it).
+never inside it: a concrete store only keeps entries. Each is a coroutine over a ``Face`` (``stores/_face.py``), the primitives as awaitables: ``Store``
+runs it over its sync primitives with ``run_sync`` (``load``) or over its async twins (``aload``), so each
+operation is written once for both faces. This module does not import ``stores.base`` (which imports it).
 """
 
 from __future__ import annotations
@@ -14,27 +15,31 @@ import dataclasses
 import gc
 import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from .. import journal as j
 from .._consume import consume, skip_all
-from ..errors import ConflictError, RunBusyError
+from ..errors import ConflictError, RunBusyError, RunNotFoundError
 from ..inbox import InboxItem
 from ..state import State
 from ..writing import JournalWriter
+from ._face import Face
+from ._listing import ListCursor
 from ._records import Lease, Owner, RunInfo
 
 __all__ = [
-    "Primitives",
     "append_missing",
     "cancel_tree",
     "catch_up",
     "check_state",
     "child_id_for",
+    "child_needs_work",
+    "exists",
     "follow",
     "fork",
     "fork_boundary",
     "ids_matching",
+    "list_page",
     "load",
     "save",
     "settle",
@@ -44,60 +49,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class Primitives(Protocol):
-    """The part of the ``Store`` contract (``tether.stores.base.Store``) the operations are built on."""
-
-    ttl: float | None
-
-    @property
-    def identity(self) -> str: ...
-
-    def create(
-        self,
-        run_id: str,
-        entries: Sequence[j.Entry],
-        info: dict[str, Any],
-        *,
-        owner: Owner | None = None,
-        ttl: float | None = None,
-    ) -> Lease | None: ...
-
-    def append(
-        self,
-        run_id: str,
-        entries: Sequence[j.Entry],
-        *,
-        expected_seq: int,
-        writer: str,
-        lease_token: int | None,
-        info: dict[str, Any],
-    ) -> None: ...
-
-    def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]: ...
-
-    def length(self, run_id: str) -> int: ...
-
-    def post(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int: ...
-
-    def read_inbox(self, run_id: str, after_seq: int = -1) -> list[InboxItem]: ...
-
-    def claim(self, run_id: str, owner: Owner, ttl: float | None = None) -> Lease: ...
-
-    def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool: ...
-
-    def abandon(self, lease: Lease) -> None: ...
-
-    def exists(self, run_id: str) -> bool: ...
-
-    def list(self, *, root_id: str | None = None, limit: int = 100) -> list[RunInfo]: ...
-
-    def list_page(
-        self, *, limit: int = 100, cursor: str | None = None
-    ) -> tuple[builtins.list[RunInfo], str | None]: ...
-
-    async def run_io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
 
 
 def child_id_for(parent_id: str, call_id: str) -> str:
@@ -110,13 +61,13 @@ def child_id_for(parent_id: str, call_id: str) -> str:
 # Reading
 
 
-def load(store: Primitives, run_id: str) -> State:
+async def load(store: Face, run_id: str) -> State:
     """The run as its journal says: pure replay; never writes, never recovers."""
     j.validate_run_id(run_id)
     collecting = gc.isenabled()
     gc.disable()  # replay allocates many small objects and no cycles: the collector only slows it
     try:
-        state = State.replay(run_id, store.read(run_id))
+        state = State.replay(run_id, await store.read(run_id))
     finally:
         if collecting:
             gc.enable()
@@ -124,13 +75,22 @@ def load(store: Primitives, run_id: str) -> State:
     return state
 
 
-def catch_up(store: Primitives, state: State) -> None:
+async def catch_up(store: Face, state: State) -> None:
     """Fold into ``state`` the durable entries it has not seen."""
-    for entry in store.read(state.id, after_seq=len(state.history) - 1):
+    for entry in await store.read(state.id, after_seq=len(state.history) - 1):
         state.apply(entry)
 
 
-def check_state(store: Primitives, state: State) -> None:
+async def exists(store: Face, run_id: str) -> bool:
+    """Whether the store has the run."""
+    try:
+        await store.length(run_id)
+    except RunNotFoundError:
+        return False
+    return True
+
+
+def check_state(store: Face, state: State) -> None:
     """Refuse a State that belongs to another store.
 
     Raises:
@@ -144,17 +104,17 @@ def check_state(store: Primitives, state: State) -> None:
 
 
 async def follow(
-    store: Primitives, run_id: str, after_seq: int, poll_interval: float
+    store: Face, run_id: str, after_seq: int, poll_interval: float
 ) -> AsyncIterator[j.Entry]:
     """Replay, then tail, the entries of a run driven elsewhere (see ``Store.follow``)."""
-    state = await store.run_io(load, store, run_id)  # the fold tells whether the run has stopped
+    state = await load(store, run_id)  # the fold tells whether the run has stopped
     last = after_seq
     for entry in state.history[after_seq + 1 :]:
         last = entry.seq
         yield entry
     while state.status not in j.STOP_STATUSES:
         await asyncio.sleep(poll_interval)
-        for entry in await store.run_io(store.read, run_id, last):
+        for entry in await store.read(run_id, last):
             state.apply(entry)
             last = entry.seq
             yield entry
@@ -164,12 +124,12 @@ async def follow(
 # Writing
 
 
-def write_all(store: Primitives, writer: JournalWriter, lease: Lease | None) -> None:
+async def write_all(store: Face, writer: JournalWriter, lease: Lease | None) -> None:
     """Append every entry ``writer`` has not saved yet (its batch in flight first, byte-identical)."""
     state = writer.state
     while writer.unsaved:
         batch = writer.next_batch()
-        store.append(
+        await store.append(
             state.id,
             batch,
             expected_seq=batch[0].seq,
@@ -180,17 +140,17 @@ def write_all(store: Primitives, writer: JournalWriter, lease: Lease | None) -> 
         writer.batch_saved()
 
 
-def stored_length(store: Primitives, state: State) -> int:
+async def stored_length(store: Face, state: State) -> int:
     """The stored journal's length, once checked to continue what ``state`` holds.
 
     Raises:
         ConflictError: the journal holds another entry where ``state`` has one it did not read from the
             store (another writer went on with the run meanwhile).
     """
-    stored = store.length(state.id)
+    stored = await store.length(state.id)
     shared = min(stored, len(state.history))
     if shared:
-        theirs = store.read(state.id, after_seq=shared - 2)[0]
+        theirs = (await store.read(state.id, after_seq=shared - 2))[0]
         if theirs.h != state.history[shared - 1].h:
             raise ConflictError(
                 f"run {state.id} seq {theirs.seq} holds a {theirs.kind} entry this State does not have. Fix: "
@@ -201,7 +161,7 @@ def stored_length(store: Primitives, state: State) -> int:
     return stored
 
 
-def append_missing(store: Primitives, state: State, lease: Lease) -> None:
+async def append_missing(store: Face, state: State, lease: Lease) -> None:
     """As the holder of ``lease``, append the entries ``state`` holds past the stored journal.
 
     Such entries come from a drive that failed to save them. They are sealed again by the lease's writer:
@@ -211,11 +171,11 @@ def append_missing(store: Primitives, state: State, lease: Lease) -> None:
     Raises:
         ConflictError: see ``stored_length``; nothing is written.
     """
-    stored = stored_length(store, state)
+    stored = await stored_length(store, state)
     if stored >= len(state.history):
         return
     missing = j.seal(state.history[stored:], lease.owner.writer)
-    store.append(
+    await store.append(
         state.id,
         missing,
         expected_seq=stored,
@@ -226,7 +186,7 @@ def append_missing(store: Primitives, state: State, lease: Lease) -> None:
     state.take_sealed(missing)
 
 
-def save(store: Primitives, state: State) -> State:
+async def save(store: Face, state: State) -> State:
     """Write what the store lacks (see ``Store.save``)."""
     check_state(store, state)
     if not state.history:
@@ -236,60 +196,60 @@ def save(store: Primitives, state: State) -> State:
         for message in state.messages:
             writer.add(j.MessageAdded, role=message.role, content=list(message.content))
         batch = writer.next_batch()
-        store.create(state.id, batch, initial.info())
+        await store.create(state.id, batch, initial.info())
         for entry in batch:
             state.apply(entry)
         state.store_identity = store.identity
         return state
     changes = state.take_local_changes()
-    if stored_length(store, state) < len(state.history):
-        lease = store.claim(state.id, Owner.here(), store.ttl)
+    if await stored_length(store, state) < len(state.history):
+        lease = await store.claim(state.id, Owner.here(), store.ttl)
         try:
-            append_missing(store, state, lease)
+            await append_missing(store, state, lease)
         finally:
-            store.abandon(lease)
+            await store.abandon(lease)
     for item in changes:
         target = item.get("run_id") or state.id  # a decision on a subagent's call goes to its inbox
         run_h = state.history[0].h if target == state.id else None
         body = {k: v for k, v in item.items() if k != "run_id"}
-        store.post(target, {**body, "run_h": run_h}, item_id=item["item_id"])
+        await store.post(target, {**body, "run_h": run_h}, item_id=item["item_id"])
     state.local_changes_posted()
     if changes:
-        settle(store, state.id)
-    catch_up(store, state)
+        await settle(store, state.id)
+    await catch_up(store, state)
     state.store_identity = store.identity
     return state
 
 
-def settle(store: Primitives, run_id: str, *, by_parent: bool = False) -> State | None:
+async def settle(store: Face, run_id: str, *, by_parent: bool = False) -> State | None:
     """Take the run if no one holds it, journal its inbox, release it (see ``Store.settle``)."""
-    entries = store.read(run_id)
+    entries = await store.read(run_id)
     first = entries[0] if entries else None
     if isinstance(first, j.RunStarted) and first.parent_id is not None and not by_parent:
         return None
     try:
-        lease: Lease | None = store.claim(run_id, Owner.here(), store.ttl)
+        lease: Lease | None = await store.claim(run_id, Owner.here(), store.ttl)
     except RunBusyError:
         return None
     assert lease is not None
     try:
         state = State.replay(run_id, entries)
-        catch_up(store, state)
+        await catch_up(store, state)
         writer = JournalWriter(state, lease.owner.writer)
         while True:
-            consume(writer, store.read_inbox(run_id, after_seq=state.inbox_consumed))
-            write_all(store, writer, lease)
-            if store.release(lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1):
+            consume(writer, await store.read_inbox(run_id, after_seq=state.inbox_consumed))
+            await write_all(store, writer, lease)
+            if await store.release(lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1):
                 lease = None
                 state.store_identity = store.identity
                 return state
     finally:
         if lease is not None:
-            store.abandon(lease)
+            await store.abandon(lease)
 
 
-def cancel_tree(
-    store: Primitives, run_id: str, by: str | None = None, by_parent: bool = False
+async def cancel_tree(
+    store: Face, run_id: str, by: str | None = None, by_parent: bool = False
 ) -> State | None:
     """Cancel a run and, first, every open subagent run under it (DURABILITY 6).
 
@@ -298,49 +258,49 @@ def cancel_tree(
     (DURABILITY 6: a child is otherwise reached only through its root). Returns the run as settled, or
     None when it is held.
     """
-    state = load(store, run_id)
+    state = await load(store, run_id)
     if state.status not in j.STOP_STATUSES:
         for call in state.open_calls:
             record = state.call(call.call_id)
             if record is not None and (record.effect == "resumable" or record.child_id is not None):
                 child_id = record.child_id or child_id_for(run_id, call.call_id)
-                if store.exists(child_id):
-                    cancel_tree(store, child_id, by, by_parent=True)
-    store.post(run_id, {"type": "cancel", "by": by, "seen_seq": len(state.history)})
-    return settle(store, run_id, by_parent=by_parent)
+                if await exists(store, child_id):
+                    await cancel_tree(store, child_id, by, by_parent=True)
+    await store.post(run_id, {"type": "cancel", "by": by, "seen_seq": len(state.history)})
+    return await settle(store, run_id, by_parent=by_parent)
 
 
-def skip_orphaned_items(store: Primitives, root: State) -> int:
+async def skip_orphaned_items(store: Face, root: State) -> int:
     """Journal as skipped the inbox items of subagent runs whose call in their parent has closed.
 
     Such items can have no effect (no one will drive that child again), and left unconsumed they would make
     ``claim_next`` offer the tree's root for ever. Returns how many runs were settled this way.
     """
     settled = 0
-    for info in store.list(root_id=root.id, limit=10_000):
+    for info in await store.list(root_id=root.id, limit=10_000):
         if info.parent_id is None or info.inbox_len <= info.inbox_consumed + 1:
             continue
-        parent = root if info.parent_id == root.id else load(store, info.parent_id)
-        child = load(store, info.id)
+        parent = root if info.parent_id == root.id else await load(store, info.parent_id)
+        child = await load(store, info.id)
         record = parent.call(child.parent_call_id or "")
         if record is not None and record.outcome is None:
             continue  # the call is open: the parent's driver re-enters it and the child consumes them
         try:
-            lease = store.claim(info.id, Owner.here(), store.ttl)
+            lease = await store.claim(info.id, Owner.here(), store.ttl)
         except RunBusyError:
             continue
         try:
-            child = load(store, info.id)
+            child = await load(store, info.id)
             writer = JournalWriter(child, lease.owner.writer)
             while True:
                 skip_all(
-                    writer, store.read_inbox(info.id, child.inbox_consumed), "the subagent call is closed"
+                    writer, await store.read_inbox(info.id, child.inbox_consumed), "the subagent call is closed"
                 )
-                write_all(store, writer, lease)
-                if store.release(lease, at_seq=len(child.history), inbox_len=child.inbox_consumed + 1):
+                await write_all(store, writer, lease)
+                if await store.release(lease, at_seq=len(child.history), inbox_len=child.inbox_consumed + 1):
                     break
         except BaseException:
-            store.abandon(lease)
+            await store.abandon(lease)
             raise
         settled += 1
     return settled
@@ -355,9 +315,9 @@ _BOUNDARY_KINDS = frozenset(
 _INBOX_FIELDS = {"inbox_seq": None, "item_id": None}
 
 
-def fork(store: Primitives, run_id: str, at_seq: int | None, new_id: str | None) -> str:
+async def fork(store: Face, run_id: str, at_seq: int | None, new_id: str | None) -> str:
     """Copy a run's journal up to a turn boundary into a new run, created unheld (see ``Store.fork``)."""
-    entries = store.read(j.validate_run_id(run_id))
+    entries = await store.read(j.validate_run_id(run_id))
     if not entries:
         raise ValueError(f"run {run_id} has no entries to fork. Fix: pick another run")
     last = len(entries) - 1
@@ -391,7 +351,7 @@ def fork(store: Primitives, run_id: str, at_seq: int | None, new_id: str | None)
     for entry in entries[1 : boundary + 1]:
         state.apply(_inherited(entry))
     info = {**state.info(), "updated_at": state.history[0].at}
-    store.create(state.id, writer.next_batch(), info)
+    await store.create(state.id, writer.next_batch(), info)
     return state.id
 
 
@@ -423,17 +383,59 @@ def _inherited(entry: j.Entry) -> j.Entry:
 
 
 # --------------------------------------------------------------------------------------------------
-# Short ids
+# Listing and short ids
 
 
-def ids_matching(store: Primitives, short: str, page: int = 1000) -> list[str]:
+async def list_page(
+    store: Face, filters: dict[str, Any], *, limit: int = 100, cursor: str | None = None
+) -> tuple[builtins.list[RunInfo], str | None]:
+    """One page of ``list`` and the cursor of the next page (see ``Store.list_page``).
+
+    ``filters`` are ``list``'s filters (``status``, ``agent``, ..., ``metadata``).
+    """
+    if limit < 1:
+        raise ValueError(f"limit {limit} is not positive. Fix: pass limit >= 1")
+    filters = {k: v for k, v in filters.items() if v is not None and (k != "metadata" or v)}
+    here = ListCursor.decode(cursor)
+    found = await store.list(**filters, limit=limit + 1, cursor=cursor)
+    page = found[:limit]
+    top = here.top
+    if top is None and page:
+        top = page[0].updated_at or ""
+    if len(found) > limit:
+        last = page[-1]
+        return page, ListCursor(here.since, top, last.updated_at or "", last.id).encode()
+    if top is None:
+        return page, None
+    following = ListCursor(since=top).encode()
+    return page, (following if await store.list(**filters, limit=1, cursor=following) else None)
+
+
+async def child_needs_work(store: Face, child_id: str) -> bool:
+    """Whether a waiting child (or one of its own children) has something to act on (DURABILITY 6)."""
+    try:
+        child = await load(store, child_id)
+    except RunNotFoundError:
+        return True  # re-entering the call creates it
+    if child.status != "waiting":
+        return True
+    if await store.inbox_length(child_id) > child.inbox_consumed + 1:
+        return True
+    for open_call in child.open_calls:
+        call = child.call(open_call.call_id)
+        if call is not None and call.child_id is not None and await child_needs_work(store, call.child_id):
+            return True
+    return False
+
+
+async def ids_matching(store: Face, short: str, page: int = 1000) -> list[str]:
     """The ids of the runs that ``short`` abbreviates, sorted (see ``Store.ids_matching``); built on ``list``."""
     j.validate_run_id(short)
     parts = short.split("-")
     found: set[str] = set()
     cursor: str | None = None
     while True:
-        runs, cursor = store.list_page(limit=page, cursor=cursor)
+        runs, cursor = await list_page(store, {}, limit=page, cursor=cursor)
         found.update(info.id for info in runs if abbreviates(parts, info.id))
         if cursor is None:
             return sorted(found)

@@ -24,6 +24,7 @@ from ...stores import open_store
 from ...stores.base import Lease, Owner, Store
 from ...stores.operations import write_all
 from ...writing import JournalWriter
+from .faces import FACES, through
 
 _SPAWN = multiprocessing.get_context("spawn")
 
@@ -105,7 +106,7 @@ def add(store: Store, state: State, lease: Lease | None, n: int = 1, **info: Any
 def journal_inbox(store: Store, state: State, lease: Lease) -> int:
     """As a holder: journal every unconsumed inbox item; returns how many."""
     queued = consume(writer_of(state), store.read_inbox(state.id, after_seq=state.inbox_consumed))
-    write_all(store, writer_of(state), lease)
+    store.operate(write_all, writer_of(state), lease)
     return len(queued)
 
 
@@ -279,17 +280,18 @@ class ConformanceBase:
         """A second store object on the same storage (another holder); the same object for a MemoryStore."""
         return open_store(self.store_url(tmp_path))
 
-    @pytest.fixture
-    def store(self, tmp_path: Path) -> Iterator[Store]:
-        made = self.make_store(tmp_path)
+    @pytest.fixture(params=FACES)
+    def store(self, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+        """The store under test, through each face in turn: its sync methods, then its async twins."""
+        made = through(request.param, self.make_store(tmp_path))
         yield made
         made.close()
 
     @pytest.fixture
     def other(self, store: Store, tmp_path: Path) -> Iterator[Store]:
-        made = self.reopen(store, tmp_path)
+        made = self.reopen(getattr(store, "store", store), tmp_path)
         yield made
-        if made is not store:
+        if made is not getattr(store, "store", store):
             made.close()
 
     def needs_processes(self) -> None:

@@ -432,7 +432,7 @@ class Agent(Generic[DepsT]):
         journal, lease = await taking.take_existing(self, store, run_id)
         state = await Drive(self, store, journal, lease).run_compaction()
         if isinstance(run, State):
-            store.catch_up(run)
+            await store.acatch_up(run)
         return state
 
     async def adrive(self, store: Store, lease: Lease, *, deps: DepsT | None = None) -> State:
@@ -446,7 +446,7 @@ class Agent(Generic[DepsT]):
             try:
                 agent = await stack.enter_async_context(self._opened())
             except BaseException:  # a tool source that cannot open: the run is not driven, so let it go
-                await store.run_io(store.abandon, lease)
+                await store.aabandon(lease)
                 raise
             journal = await taking.take_held(agent, store, lease)
             return await Drive(agent, store, journal, lease, deps=deps).run()

@@ -209,7 +209,7 @@ class Worker:
         ttl = self.lease_ttl if self.lease_ttl is not None else self.store.ttl
         while len(self._tasks) < self.concurrency and not self._stop_requested.is_set():
             try:
-                lease = await self.store.run_io(self.store.claim_next, Owner.here(), ttl, agents=names)
+                lease = await self.store.aclaim_next(Owner.here(), ttl, agents=names)
             except Exception as exc:  # a store that is down: try again at the next wake-up or poll
                 log.warning("%s could not claim a run: %s", self.name, exc)
                 return False
@@ -230,9 +230,7 @@ class Worker:
         """The claimed root's listing record (its tree's runs are paged through until it is found)."""
         cursor: str | None = None
         while True:
-            page, cursor = await self.store.run_io(
-                self.store.list_page, root_id=lease.run_id, limit=100, cursor=cursor
-            )
+            page, cursor = await self.store.alist_page(root_id=lease.run_id, limit=100, cursor=cursor)
             found = next((info for info in page if info.id == lease.run_id), None)
             if found is not None or cursor is None:
                 return found
@@ -242,7 +240,7 @@ class Worker:
             return next(iter(self.agents.values()))
         name = info.agent if info is not None else None
         if name is None:
-            entries = await self.store.run_io(self.store.read, lease.run_id)
+            entries = await self.store.aread(lease.run_id)
             name = getattr(entries[0], "agent", None) if entries else None
         return self.agents.get(name or "")
 
@@ -262,7 +260,7 @@ class Worker:
             agent = await self._agent_for(info, lease)
             deps = await self._deps_for(info, lease) if agent is not None else None
         except BaseException as exc:
-            await self.store.run_io(self.store.abandon, lease)
+            await self.store.aabandon(lease)
             if not isinstance(exc, Exception):
                 return
             log.warning(
@@ -271,7 +269,7 @@ class Worker:
             return
         if agent is None:
             log.error("%s claimed run %s of an agent it does not have; released it", self.name, run_id)
-            await self.store.run_io(self.store.abandon, lease)
+            await self.store.aabandon(lease)
             return
         log.info("%s claimed run %s (agent %s, token %d)", self.name, run_id, agent.name, lease.token)
         try:

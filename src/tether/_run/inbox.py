@@ -51,11 +51,11 @@ class InboxWatch:
         hinted, when = writer.inbox_hint
         if hinted <= known + 1 and time.monotonic() - when < self.poll_interval:
             return []
-        length = await store.run_io(store.inbox_length, state.id)
+        length = await store.ainbox_length(state.id)
         writer.inbox_hint = (length, time.monotonic())
         if length <= known + 1:
             return []
-        return await store.run_io(store.read_inbox, state.id, known)
+        return await store.aread_inbox(state.id, known)
 
     def hold(self, items: list[InboxItem]) -> None:
         """Keep items read while a model request is in flight, to journal after its reply."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import budgets
 from .. import journal as j
-from ..errors import RunBusyError, RunNotFoundError
+from ..errors import RunBusyError
 from ..messages import text_block
 from ..state import State
 from ..stores.base import Lease, Owner, Store
@@ -147,18 +147,18 @@ class Children:
         owner = Owner.here()
         lease = await _create_child(parent, call_id, child_id, prompt, sub, store, owner)
         if lease is None:
-            child = await store.run_io(store.load, child_id)
+            child = await store.aload(child_id)
             if child.status in j.STOP_STATUSES and not await _has_items(store, child):
                 return _outcome(child)
             lease = await _claim_child(store, child_id, owner, sub, self.agent.poll_interval)
-        state = await store.run_io(store.load, child_id)
+        state = await store.aload(child_id)
         try:
             journal = JournalWriter(state, owner.writer)
             child = await self.drive_child(sub, store, journal, lease, inherited, self.deps)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             raise
         except Exception:
-            child = await store.run_io(store.load, child_id)  # a failed child: its run_stopped says why
+            child = await store.aload(child_id)  # a failed child: its run_stopped says why
             if child.status not in j.STOP_STATUSES:
                 raise
         return _outcome(child)
@@ -183,9 +183,9 @@ async def _create_child(
     batch = writer.next_batch()
     ttl = sub.lease_ttl_for(store)
     try:
-        return await store.run_io(store.create, child_id, batch, writer.state.info(), owner=owner, ttl=ttl)
+        return await store.acreate(child_id, batch, writer.state.info(), owner=owner, ttl=ttl)
     except ValueError:
-        if await store.run_io(store.exists, child_id):
+        if await store.aexists(child_id):
             return None  # made by an earlier entry of this call
         raise
 
@@ -196,7 +196,7 @@ async def _claim_child(store: Store, child_id: str, owner: Owner, sub: DrivenAge
     deadline = loop.time() + (store.ttl or 0.0)
     while True:
         try:
-            return await store.run_io(store.claim, child_id, owner, sub.lease_ttl_for(store))
+            return await store.aclaim(child_id, owner, sub.lease_ttl_for(store))
         except RunBusyError as exc:
             if loop.time() >= deadline:
                 raise ChildBusy(str(exc)) from exc
@@ -204,7 +204,7 @@ async def _claim_child(store: Store, child_id: str, owner: Owner, sub: DrivenAge
 
 
 async def _has_items(store: Store, child: State) -> bool:
-    return bool(await store.run_io(store.inbox_length, child.id) > child.inbox_consumed + 1)
+    return bool(await store.ainbox_length(child.id) > child.inbox_consumed + 1)
 
 
 def _outcome(child: State) -> ChildOutcome:

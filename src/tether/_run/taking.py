@@ -84,9 +84,7 @@ async def take_new(
     writer = new_run(agent, prompt, run_id, output, owner.writer, metadata, drive=True)
     state = writer.state
     batch = writer.next_batch()
-    lease = await store.run_io(
-        store.create, state.id, batch, state.info(), owner=owner, ttl=agent.lease_ttl_for(store)
-    )
+    lease = await store.acreate(state.id, batch, state.info(), owner=owner, ttl=agent.lease_ttl_for(store))
     assert lease is not None
     writer.batch_saved()
     state.store_identity = store.identity
@@ -110,18 +108,16 @@ async def take_state(agent: DrivenAgent, store: Store, state: State) -> tuple[Jo
     for item in state.take_local_changes():
         if item.get("run_id") not in (None, state.id):  # a subagent's call: its own inbox
             body = {k: v for k, v in item.items() if k != "run_id"}
-            await store.run_io(store.post, item["run_id"], body, item_id=item["item_id"])
+            await store.apost(item["run_id"], body, item_id=item["item_id"])
             continue
-        seq = await store.run_io(
-            store.post, state.id, {**item, "run_h": state.history[0].h}, item_id=item["item_id"]
-        )
+        seq = await store.apost(state.id, {**item, "run_h": state.history[0].h}, item_id=item["item_id"])
         posted.add(seq)
     state.local_changes_posted()
     owner = Owner.here()
-    lease = await store.run_io(store.claim, state.id, owner, agent.lease_ttl_for(store))
+    lease = await store.aclaim(state.id, owner, agent.lease_ttl_for(store))
     try:
         await store.aoperate(append_missing, state, lease)  # what a failed drive kept in memory
-        fresh = await store.run_io(store.read, state.id, len(state.history) - 1)
+        fresh = await store.aread(state.id, len(state.history) - 1)
         foreign = _foreign_entries(fresh, posted)
         if foreign:
             raise ConflictError(
@@ -132,7 +128,7 @@ async def take_state(agent: DrivenAgent, store: Store, state: State) -> tuple[Jo
         for entry in fresh:
             state.apply(entry)
     except BaseException:
-        await store.run_io(store.abandon, lease)
+        await store.aabandon(lease)
         raise
     return JournalWriter(state, owner.writer), lease
 
@@ -147,7 +143,7 @@ async def take_existing(agent: DrivenAgent, store: Store, run_id: str) -> tuple[
     """
     j.validate_run_id(run_id)
     owner = Owner.here()
-    lease = await store.run_io(store.claim, run_id, owner, agent.lease_ttl_for(store))
+    lease = await store.aclaim(run_id, owner, agent.lease_ttl_for(store))
     return await take_held(agent, store, lease), lease
 
 
@@ -158,10 +154,10 @@ async def take_held(agent: DrivenAgent, store: Store, lease: Lease) -> JournalWr
         ValueError: a run of another agent, or a subagent's run.
     """
     try:
-        state = await store.run_io(store.load, lease.run_id)
+        state = await store.aload(lease.run_id)
         check_run(agent, state)
     except BaseException:
-        await store.run_io(store.abandon, lease)
+        await store.aabandon(lease)
         raise
     return JournalWriter(state, lease.owner.writer)
 
@@ -191,16 +187,16 @@ async def take_or_resume(
     checked = False
     while True:
         try:
-            if not await store.run_io(store.exists, run_id):
+            if not await store.aexists(run_id):
                 try:
                     writer, lease = await take_new(agent, store, prompt, run_id, output, metadata)
                     return writer, lease, True
                 except ValueError:
-                    if not await store.run_io(store.exists, run_id):
+                    if not await store.aexists(run_id):
                         raise  # a real error, not another process's create of the same id
                     continue
             if not checked:
-                _check_same_start(await store.run_io(store.load, run_id), message, metadata)
+                _check_same_start(await store.aload(run_id), message, metadata)
                 checked = True
             writer, lease = await take_existing(agent, store, run_id)
             return writer, lease, False

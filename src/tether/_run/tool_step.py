@@ -128,7 +128,7 @@ class ToolStep:
             task = self._tasks.get(call.call_id)
             if task is not None:  # this drive holds the child: it sees the cancel within a poll interval
                 self._cancelling.add(call.call_id)  # its result is dropped: the cancel closes the call
-                await store.run_io(store.post, child_id, {"type": "cancel", "by": "parent"})
+                await store.apost(child_id, {"type": "cancel", "by": "parent"})
                 await asyncio.wait({task})
                 self._tasks.pop(call.call_id, None)
             else:

@@ -4,7 +4,8 @@ Entries are added through the run's ``JournalWriter``; ``Writer.flush`` appends 
 queued while an append runs goes into the next one. An append in progress always completes, even when its
 task is cancelled, so the driver always knows whether it is durable. Each trip to the store's thread also
 reads the inbox's length (DURABILITY 2.3: before each append) and starts the sync tools whose
-``tool_started`` that append made durable.
+``tool_started`` that append made durable. A store with native async twins (``Store.async_native``) is
+awaited on the loop instead, its append shielded from the drive's cancellation in the same way.
 """
 
 from __future__ import annotations
@@ -120,11 +121,16 @@ class Writer:
                         e.seq: self._after_append.pop(e.seq) for e in batch if e.seq in self._after_append
                     }
                 info = journal.state.info()
-                future = self.store.io_threads.run_through(self._append, batch, info, jobs)
+                native = self.store.async_native
+                future: asyncio.Future[int] = (
+                    asyncio.ensure_future(self._aappend(batch, info, jobs))
+                    if native
+                    else self.store.io_threads.run_through(self._append, batch, info, jobs)
+                )
                 cancelled = False
                 while not future.done():
-                    try:
-                        await future  # a cancel of this task is raised here only once the append returned
+                    try:  # a cancel of this task is raised here only once the append returned
+                        await (asyncio.shield(future) if native else future)
                     except asyncio.CancelledError:
                         cancelled = True
                     except Exception:
@@ -163,16 +169,37 @@ class Writer:
             lease_token=self.lease.token,
             info=info,
         )
-        if jobs and not self.gate.stopping:  # a stopping drive starts no tool (the drive settles its calls)
-            # Nothing here may raise now that the append is durable: a raise would have it retried, and its
-            # tools started twice. submit_tool_job runs a job in place when no thread can be started.
-            first, *others = jobs.values()
-            for job in others:
-                self.handed_over.add(job.call_id)
-                submit_tool_job(job.run)
+        self._start_tools(jobs, here=True)
+        return length
+
+    async def _aappend(self, batch: list[j.Entry], info: dict[str, Any], jobs: dict[int, _Job]) -> int:
+        """``_append`` on a store's native async twins (``Store.async_native``): each tool on a tool thread."""
+        run_id = self.journal.state.id
+        length = await self.store.ainbox_length(run_id)
+        await self.store.aappend(
+            run_id,
+            batch,
+            expected_seq=batch[0].seq,
+            writer=self.journal.writer_id,
+            lease_token=self.lease.token,
+            info=info,
+        )
+        self._start_tools(jobs, here=False)
+        return length
+
+    def _start_tools(self, jobs: dict[int, _Job], *, here: bool) -> None:
+        """Start the sync tools an append made durable; ``here``: the first on this store thread."""
+        if not jobs or self.gate.stopping:  # a stopping drive starts no tool (the drive settles its calls)
+            return
+        # Nothing here may raise now that the append is durable: a raise would have it retried, and its
+        # tools started twice. submit_tool_job runs a job in place when no thread can be started.
+        first, *others = jobs.values()
+        for job in others if here else jobs.values():
+            self.handed_over.add(job.call_id)
+            submit_tool_job(job.run)
+        if here:
             self.handed_over.add(first.call_id)
             self.store.io_threads.then(first.run, submit_tool_job)  # this thread, once the append is reported
-        return length
 
     async def release(self) -> bool:
         """Flush, then release the run if the journal and inbox are as this drive left them.
@@ -182,13 +209,13 @@ class Writer:
         """
         await self.flush()
         state = self.journal.state
-        return await self.store.run_io(
-            self.store.release, self.lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1
+        return await self.store.arelease(
+            self.lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1
         )
 
     async def give_up(self) -> None:
         """Abandon the lease (after an error); never raises."""
         try:
-            await self.store.run_io(self.store.abandon, self.lease)
+            await self.store.aabandon(self.lease)
         except Exception as exc:  # abandon never raises by contract; a broken store is only logged
             log.warning("releasing run %s failed: %s", self.journal.state.id, exc)

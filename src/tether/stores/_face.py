@@ -194,4 +194,3 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError(
         "a store operation suspended on its sync face. Fix: await its a-prefixed twin from async code"
     )
-

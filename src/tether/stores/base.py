@@ -105,7 +105,9 @@ class Store(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.async_native = any(getattr(cls, f"a{name}") is not getattr(Store, f"a{name}") for name in PRIMITIVES)
+        cls.async_native = any(
+            getattr(cls, f"a{name}") is not getattr(Store, f"a{name}") for name in PRIMITIVES
+        )
 
     def __init__(self) -> None:
         self.io_threads = Threads("tether-store", limit=IO_THREADS)
@@ -177,7 +179,9 @@ class Store(abc.ABC):
             ValueError: ``entries`` is not one sealed batch numbered from ``expected_seq``.
         """
         self._on_loop(
-            self.aappend(run_id, entries, expected_seq=expected_seq, writer=writer, lease_token=lease_token, info=info)
+            self.aappend(
+                run_id, entries, expected_seq=expected_seq, writer=writer, lease_token=lease_token, info=info
+            )
         )
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
@@ -307,8 +311,17 @@ class Store(abc.ABC):
             ValueError: a bad cursor, time bound or metadata filter.
         """
         return self._on_loop(
-            self.alist(status=status, agent=agent, parent_id=parent_id, root_id=root_id, updated_before=updated_before,
-                       updated_after=updated_after, limit=limit, cursor=cursor, metadata=metadata)  # fmt: skip
+            self.alist(
+                status=status,
+                agent=agent,
+                parent_id=parent_id,
+                root_id=root_id,
+                updated_before=updated_before,
+                updated_after=updated_after,
+                limit=limit,
+                cursor=cursor,
+                metadata=metadata,
+            )
         )
 
     def delete(self, run_id: str, *, children: bool = False) -> None:
@@ -491,135 +504,137 @@ class Store(abc.ABC):
         return self.operate(operations.list_page, filters, limit=limit, cursor=cursor)
 
     # --------------------------------------------------------------------------------------------
-    # The async face: the twin of every public method (DESIGN 8.1)
+    # The async face: the twin of every public method (DESIGN 8.1), "without blocking the event loop"
     #
     # A primitive's twin runs the sync primitive on the store's threads unless the store overrides it
     # (then the store is ``async_native``). A composite's twin runs its operation over the async twins on
     # the caller's loop for an async-native store, else the sync composite on the store's threads (one trip).
+    # fmt: off
 
     async def acreate(self, run_id: str, entries: Sequence[j.Entry], info: dict[str, Any], *,
-                      owner: Owner | None = None, ttl: float | None = None) -> Lease | None:  # fmt: skip
-        """``create`` without blocking the event loop."""
+                      owner: Owner | None = None, ttl: float | None = None) -> Lease | None:
+        """``create``, awaited."""
         return await self.run_io(self.create, run_id, entries, info, owner=owner, ttl=ttl)
 
     async def aappend(self, run_id: str, entries: Sequence[j.Entry], *, expected_seq: int, writer: str,
-                      lease_token: int | None, info: dict[str, Any]) -> None:  # fmt: skip
-        """``append`` without blocking the event loop. Cancelling the awaiting task may leave the outcome
-        unknown, as a lost connection does: a retry with the same batch settles it (the same-writer rule)."""
+                      lease_token: int | None, info: dict[str, Any]) -> None:
+        """``append``, awaited. A cancelled await may leave the outcome unknown, as a lost connection does:
+        a retry of the same batch settles it (the same-writer rule)."""
         await self.run_io(self.append, run_id, entries, expected_seq=expected_seq, writer=writer,
-                          lease_token=lease_token, info=info)  # fmt: skip
+                          lease_token=lease_token, info=info)
 
     async def aread(self, run_id: str, after_seq: int = -1) -> builtins.list[j.Entry]:
-        """``read`` without blocking the event loop."""
+        """``read``, awaited."""
         return await self.run_io(self.read, run_id, after_seq)
 
     async def alength(self, run_id: str) -> int:
-        """``length`` without blocking the event loop."""
+        """``length``, awaited."""
         return await self.run_io(self.length, run_id)
 
     async def apost(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int:
-        """``post`` without blocking the event loop."""
+        """``post``, awaited."""
         return await self.run_io(self.post, run_id, item, item_id=item_id)
 
     async def aread_inbox(self, run_id: str, after_seq: int = -1) -> builtins.list[InboxItem]:
-        """``read_inbox`` without blocking the event loop."""
+        """``read_inbox``, awaited."""
         return await self.run_io(self.read_inbox, run_id, after_seq)
 
     async def ainbox_length(self, run_id: str) -> int:
-        """``inbox_length`` without blocking the event loop."""
+        """``inbox_length``, awaited."""
         return await self.run_io(self.inbox_length, run_id)
 
     async def aclaim(self, run_id: str, owner: Owner, ttl: float | None = None) -> Lease:
-        """``claim`` without blocking the event loop."""
+        """``claim``, awaited."""
         return await self.run_io(self.claim, run_id, owner, ttl)
 
     async def aclaim_next(self, owner: Owner, ttl: float | None = None,
-                          agents: Collection[str] | None = None) -> Lease | None:  # fmt: skip
-        """``claim_next`` without blocking the event loop."""
+                          agents: Collection[str] | None = None) -> Lease | None:
+        """``claim_next``, awaited."""
         return await self.run_io(self.claim_next, owner, ttl, agents)
 
     async def arenew(self, lease: Lease) -> Lease:
-        """``renew`` without blocking the event loop."""
+        """``renew``, awaited."""
         return await self.run_io(self.renew, lease)
 
     async def arelease(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
-        """``release`` without blocking the event loop."""
+        """``release``, awaited."""
         return await self.run_io(self.release, lease, at_seq=at_seq, inbox_len=inbox_len)
 
     async def aabandon(self, lease: Lease) -> None:
-        """``abandon`` without blocking the event loop; never raises."""
+        """``abandon``, awaited; never raises."""
         await self.run_io(self.abandon, lease)
 
     async def aholder(self, run_id: str) -> Owner | None:
-        """``holder`` without blocking the event loop."""
+        """``holder``, awaited."""
         return await self.run_io(self.holder, run_id)
 
     async def alist(self, *, status: str | None = None, agent: str | None = None, parent_id: str | None = None,
                     root_id: str | None = None, updated_before: datetime | str | None = None,
                     updated_after: datetime | str | None = None, limit: int = 100, cursor: str | None = None,
-                    metadata: Mapping[str, str] | None = None) -> builtins.list[RunInfo]:  # fmt: skip
-        """``list`` without blocking the event loop."""
+                    metadata: Mapping[str, str] | None = None) -> builtins.list[RunInfo]:
+        """``list``, awaited."""
         return await self.run_io(self.list, status=status, agent=agent, parent_id=parent_id, root_id=root_id,
                                  updated_before=updated_before, updated_after=updated_after, limit=limit,
-                                 cursor=cursor, metadata=metadata)  # fmt: skip
+                                 cursor=cursor, metadata=metadata)
 
     async def adelete(self, run_id: str, *, children: bool = False) -> None:
-        """``delete`` without blocking the event loop."""
+        """``delete``, awaited."""
         await self.run_io(self.delete, run_id, children=children)
 
     async def aprune(self, older_than: datetime | timedelta | str, *, statuses: Sequence[str] = j.STOP_STATUSES,
-                     children: bool = False, dry_run: bool = False) -> builtins.list[str]:  # fmt: skip
-        """``prune`` without blocking the event loop."""
+                     children: bool = False, dry_run: bool = False) -> builtins.list[str]:
+        """``prune``, awaited."""
         return await self.run_io(self.prune, older_than, statuses=statuses, children=children, dry_run=dry_run)
 
     async def aload(self, run_id: str) -> State:
-        """``load`` without blocking the event loop."""
+        """``load``, awaited."""
         return await self.aoperate(operations.load, run_id)
 
     async def aexists(self, run_id: str) -> bool:
-        """``exists`` without blocking the event loop."""
+        """``exists``, awaited."""
         return await self.aoperate(operations.exists, run_id)
 
     async def asave(self, state: State) -> State:
-        """``save`` without blocking the event loop."""
+        """``save``, awaited."""
         return await self.aoperate(operations.save, state)
 
     async def acatch_up(self, state: State) -> None:
-        """``catch_up`` without blocking the event loop."""
+        """``catch_up``, awaited."""
         await self.aoperate(operations.catch_up, state)
 
     async def asettle(self, run_id: str, *, by_parent: bool = False) -> State | None:
-        """``settle`` without blocking the event loop."""
+        """``settle``, awaited."""
         return await self.aoperate(operations.settle, run_id, by_parent=by_parent)
 
     async def acancel(self, run_id: str, by: str | None = None) -> State | None:
-        """``cancel`` without blocking the event loop."""
+        """``cancel``, awaited."""
         return await self.aoperate(operations.cancel_tree, run_id, by)
 
     async def aids_matching(self, short: str) -> builtins.list[str]:
-        """``ids_matching`` without blocking the event loop."""
+        """``ids_matching``, awaited (a sync store's own ``ids_matching``, which may use an index)."""
         if not self.async_native:
-            return await self.run_io(self.ids_matching, short)  # a store may answer it from an index
+            return await self.run_io(self.ids_matching, short)
         return await self.aoperate(operations.ids_matching, short)
 
     async def afork(self, run_id: str, at_seq: int | None = None, new_id: str | None = None) -> str:
-        """``fork`` without blocking the event loop."""
+        """``fork``, awaited."""
         return await self.aoperate(operations.fork, run_id, at_seq, new_id)
 
     async def alist_page(self, *, status: str | None = None, agent: str | None = None,
                          parent_id: str | None = None, root_id: str | None = None,
                          updated_before: datetime | str | None = None, updated_after: datetime | str | None = None,
-                         limit: int = 100, cursor: str | None = None,
-                         metadata: Mapping[str, str] | None = None) -> tuple[builtins.list[RunInfo], str | None]:  # fmt: skip
-        """``list_page`` without blocking the event loop."""
+                         limit: int = 100, cursor: str | None = None, metadata: Mapping[str, str] | None = None
+                         ) -> tuple[builtins.list[RunInfo], str | None]:
+        """``list_page``, awaited."""
         filters = {"status": status, "agent": agent, "parent_id": parent_id, "root_id": root_id,
-                   "updated_before": updated_before, "updated_after": updated_after, "metadata": metadata}  # fmt: skip
+                   "updated_before": updated_before, "updated_after": updated_after, "metadata": metadata}
         return await self.aoperate(operations.list_page, filters, limit=limit, cursor=cursor)
 
     async def aclose(self) -> None:
-        """``close`` without blocking the event loop (an async-native store closes its async connections)."""
+        """``close``, awaited (an async-native store closes its async connections too)."""
         await self.run_io(self.close)
 
+    # fmt: on
     # --------------------------------------------------------------------------------------------
     # Running an operation on either face
 

@@ -14,13 +14,12 @@ import builtins
 import dataclasses
 import gc
 import hashlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 from .. import journal as j
 from .._consume import consume, skip_all
 from ..errors import ConflictError, RunBusyError, RunNotFoundError
-from ..inbox import InboxItem
 from ..state import State
 from ..writing import JournalWriter
 from ._face import Face
@@ -103,9 +102,7 @@ def check_state(store: Face, state: State) -> None:
         )
 
 
-async def follow(
-    store: Face, run_id: str, after_seq: int, poll_interval: float
-) -> AsyncIterator[j.Entry]:
+async def follow(store: Face, run_id: str, after_seq: int, poll_interval: float) -> AsyncIterator[j.Entry]:
     """Replay, then tail, the entries of a run driven elsewhere (see ``Store.follow``)."""
     state = await load(store, run_id)  # the fold tells whether the run has stopped
     last = after_seq
@@ -294,7 +291,9 @@ async def skip_orphaned_items(store: Face, root: State) -> int:
             writer = JournalWriter(child, lease.owner.writer)
             while True:
                 skip_all(
-                    writer, await store.read_inbox(info.id, child.inbox_consumed), "the subagent call is closed"
+                    writer,
+                    await store.read_inbox(info.id, child.inbox_consumed),
+                    "the subagent call is closed",
                 )
                 await write_all(store, writer, lease)
                 if await store.release(lease, at_seq=len(child.history), inbox_len=child.inbox_consumed + 1):

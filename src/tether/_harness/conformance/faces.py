@@ -60,4 +60,3 @@ class AsyncFaced:
 def through(face: str, store: Store) -> Any:
     """``store`` as the cases see it through ``face`` (``"sync"``: the store itself)."""
     return AsyncFaced(store) if face == "async" else store
-

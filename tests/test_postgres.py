@@ -5,10 +5,12 @@ are in ``test_sql_stores.py``. One fresh schema per module; skipped without a se
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,11 +89,17 @@ def _kill_backends(dsn: str, app: str) -> int:
 def test_identity_hides_the_password_and_equal_stores_compare_equal(dsn: str) -> None:
     store = PostgresStore("postgresql://bob:s3cret@db.example:5433/runs?options=-csearch_path%3Dx")
     assert "s3cret" not in store.identity
-    assert store.identity == "postgresql://bob@db.example:5433/runs?options=-csearch_path%3Dx"
+    assert store.identity == "postgresql://bob@db.example:5433/runs?options=-csearch_path%3Dx&schema=x"
     assert PostgresStore("host=db.example port=5433 user=bob password=other dbname=runs "
                          "options=-csearch_path=x") == store  # fmt: skip
     assert PostgresStore(dsn) == PostgresStore(dsn) and PostgresStore(dsn) != store
     assert PostgresStore(PostgresStore(dsn).identity).identity == PostgresStore(dsn).identity
+    plain = PostgresStore("postgresql://bob@db.example/runs")  # the schema is part of what the store is
+    assert plain.identity == "postgresql://bob@db.example/runs?schema=tether" and plain.schema == "tether"
+    assert PostgresStore("postgresql://bob@db.example/runs?schema=app_runs") != plain
+    assert PostgresStore("postgresql://bob@db.example/runs", schema="app_runs") == PostgresStore(
+        "postgresql://bob@db.example/runs?schema=app_runs"
+    )
 
 
 def test_schema_is_versioned_migrated_once_and_a_newer_one_is_refused() -> None:
@@ -126,13 +134,19 @@ def test_schema_is_versioned_migrated_once_and_a_newer_one_is_refused() -> None:
             store.close()
 
 
-def test_a_missing_schema_is_a_clear_error(dsn: str) -> None:
-    store = PostgresStore(dsn.replace("search_path%3D", "search_path%3Dno_such_schema_"))
-    with pytest.raises(
-        TetherError, match=r"refused: no schema .*Fix: check the DSN's database, user and schema"
-    ):
+def test_a_missing_schema_is_created_by_the_migrations_or_named_in_a_clear_error(dsn: str) -> None:
+    name = f"no_such_schema_{uuid.uuid4().hex[:8]}"
+    unmigrated = PostgresStore(dsn, schema=name, migrate=False)
+    with pytest.raises(TetherError, match=rf"schema={name} has tether schema 0.*Fix: run tether db migrate"):
+        unmigrated.create("r1", _first("r1", j.new_writer_id()), _info("r1"))
+    unmigrated.close()
+    store = PostgresStore(dsn, schema=name)
+    try:
         store.create("r1", _first("r1", j.new_writer_id()), _info("r1"))
-    store.close()
+        assert _sql(dsn, "SELECT count(*) FROM pg_tables WHERE schemaname = %s", (name,)) == [(4,)]
+    finally:
+        store.close()
+        _sql(dsn, f"DROP SCHEMA {name} CASCADE")
 
 
 def test_unreachable_server_is_a_clear_error() -> None:
@@ -154,17 +168,40 @@ def test_nul_characters_in_listing_fields_are_kept_out_of_text_columns(db: Postg
 # Connection loss
 
 
+def _append_through(face: str, db: PostgresStore, lease: Any, batch: list[j.Entry]) -> None:
+    """``_append`` through the sync face, or the same append awaited through the async one."""
+    if face == "sync":
+        _append(db, "r1", lease, batch)
+        return
+    info = _info("r1")
+    call = db.aappend(
+        "r1", batch, expected_seq=batch[0].seq, writer=batch[0].w, lease_token=lease.token, info=info
+    )
+    asyncio.run(_then_close(db, call))
+
+
+async def _then_close(db: PostgresStore, call: Any) -> Any:
+    try:
+        return await call
+    finally:
+        await db.aclose()  # this loop's pool closes with it (and the sync pool: reopened below)
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
 def test_an_append_whose_commit_outcome_is_unknown_is_settled_by_the_same_writer_rule(
-    db: PostgresStore, monkeypatch: pytest.MonkeyPatch
+    face: str, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _sql(dsn, "TRUNCATE runs, entries, inbox")
+    db = PostgresStore(dsn)
     writer, lease = _make(db, "r1", held=True)
     assert lease is not None
-    real = db._run
+    name = "_run" if face == "sync" else "_arun"
+    real = getattr(db, name)
     attempts: list[int] = []
 
     def cut_after_commit(fn: Any, **kw: Any) -> Any:
-        def once(conn: Any, attempt: int) -> Any:
-            result = fn(conn, attempt)  # the transaction commits here
+        async def once(cx: Any, attempt: int) -> Any:
+            result = await fn(cx, attempt)  # the transaction commits here
             attempts.append(attempt)
             if attempt == 0:  # ... and the connection drops before the reply is read
                 raise psycopg.OperationalError("server closed the connection unexpectedly")
@@ -172,33 +209,49 @@ def test_an_append_whose_commit_outcome_is_unknown_is_settled_by_the_same_writer
 
         return real(once, **kw)
 
-    monkeypatch.setattr(db, "_run", cut_after_commit)
-    _append(db, "r1", lease, _batch(2, 2, writer))
+    monkeypatch.setattr(db, name, cut_after_commit)
+    _append_through(face, db, lease, _batch(2, 2, writer))
     monkeypatch.undo()
+    db.close()
     assert attempts == [0, 1]
-    assert [e.seq for e in db.read("r1")] == [0, 1, 2, 3]  # retried on a new connection: skipped, not doubled
-    assert db.list()[0].length == 4
+    again = PostgresStore(dsn)
+    assert [e.seq for e in again.read("r1")] == [
+        0,
+        1,
+        2,
+        3,
+    ]  # retried on a new connection: skipped, not doubled
+    assert again.list()[0].length == 4
+    again.close()
 
 
+@pytest.mark.parametrize("face", ["sync", "async"])
 def test_a_backend_killed_during_an_append_is_retried_on_a_new_connection(
-    db: PostgresStore, monkeypatch: pytest.MonkeyPatch
+    face: str, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tether.stores.postgres import _primitives
+
+    _sql(dsn, "TRUNCATE runs, entries, inbox")
+    db = PostgresStore(dsn)
     writer, lease = _make(db, "r1", held=True)
     assert lease is not None
-    real_insert = PostgresStore._insert
+    real_insert = _primitives._insert
     killed: list[int] = []
 
-    def insert_then_die(conn: Any, run_id: str, entries: Any) -> None:
-        real_insert(conn, run_id, entries)
+    async def insert_then_die(cx: Any, t: Any, run_id: str, entries: Any) -> None:
+        await real_insert(cx, t, run_id, entries)
         if not killed:  # the backend dies mid-transaction: the server rolls the append back
-            killed.append(conn.info.backend_pid)
-            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            killed.append(cx.conn.info.backend_pid)
+            await cx.one("SELECT pg_terminate_backend(pg_backend_pid())")
 
-    monkeypatch.setattr(PostgresStore, "_insert", staticmethod(insert_then_die))
-    _append(db, "r1", lease, _batch(2, 3, writer))
+    monkeypatch.setattr(_primitives, "_insert", insert_then_die)
+    _append_through(face, db, lease, _batch(2, 3, writer))
     monkeypatch.undo()
-    assert killed and [e.seq for e in db.read("r1")] == [0, 1, 2, 3, 4]
-    assert db.list()[0].length == 5
+    db.close()
+    again = PostgresStore(dsn)
+    assert killed and [e.seq for e in again.read("r1")] == [0, 1, 2, 3, 4]
+    assert again.list()[0].length == 5
+    again.close()
 
 
 def test_killed_idle_connections_and_posts_are_retried(dsn: str) -> None:
@@ -288,7 +341,7 @@ def test_wait_for_work_listens_on_its_own_connection_and_wakes_on_a_post(db: Pos
 
 
 def test_claim_next_uses_the_partial_index(db: PostgresStore, dsn: str) -> None:
-    from tether.stores.postgres._sql import FREE, NEEDS, WORK
+    from tether.stores.postgres._sql import FREE, WORK
 
     rows = [(f"x{i:05d}", "completed" if i % 50 else "running") for i in range(5000)]
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -300,7 +353,7 @@ def test_claim_next_uses_the_partial_index(db: PostgresStore, dsn: str) -> None:
             )
         conn.execute("ANALYZE runs")
         plan = conn.execute(
-            f"EXPLAIN SELECT id FROM runs AS r WHERE {WORK} AND {FREE} AND {NEEDS} "
+            f"EXPLAIN SELECT id FROM {db._t.runs} AS r WHERE {WORK} AND {FREE} AND {db._t.needs} "
             "ORDER BY updated_at, id LIMIT 1 FOR UPDATE OF r SKIP LOCKED"
         ).fetchall()
     assert "runs_work" in str(plan)

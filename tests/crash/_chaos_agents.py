@@ -94,7 +94,7 @@ def lease_of(store: Store, run_id: str) -> tuple[int, str | None]:
     """The run's current lease token and holder's writer id, read straight from the store's tables."""
     sql = "SELECT lease_token, lease_owner FROM runs WHERE id = %s"
     if hasattr(store, "_conninfo"):
-        row = store._run(lambda conn, _: conn.execute(sql, (run_id,)).fetchone())  # type: ignore[attr-defined]
+        row = store._run(lambda cx, _: cx.one(sql, (run_id,)))  # type: ignore[attr-defined]
         owner = row[1]
     else:
         import orjson

@@ -6,12 +6,15 @@ psycopg is imported here too: import this module only through ``tether.stores.po
 from __future__ import annotations
 
 import builtins
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import orjson
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
@@ -22,6 +25,10 @@ from ..base import Owner, RunInfo
 
 Conn = psycopg.Connection[Any]
 
+DEFAULT_SCHEMA = "tether"
+"""Where PostgresStore keeps its tables when neither the argument nor the URL names a schema."""
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
 CHANNEL = "tether_work"
 """The NOTIFY channel: posts, submitted runs, runs released with work left (payload: the root's id)."""
 
@@ -29,44 +36,8 @@ WORK = "parent_id IS NULL AND (status IN ('running', 'waiting') OR inbox_len > i
 """Roots that may need work; the partial index ``runs_work`` covers exactly these (its text must match)."""
 LIVE = "(lease_owner IS NOT NULL AND lease_expires_at > now())"
 FREE = "(lease_owner IS NULL OR lease_expires_at <= now())"
-NEEDS = (
-    "(status = 'running' OR inbox_len > inbox_consumed + 1 OR (status = 'waiting' AND EXISTS (SELECT 1 "
-    "FROM runs AS c WHERE c.root_id = r.id AND c.parent_id IS NOT NULL AND (c.lease_owner IS NULL OR "
-    "c.lease_expires_at <= now()) AND (c.inbox_len > c.inbox_consumed + 1 OR (c.status <> 'waiting' AND "
-    "c.updated_at > r.updated_at)))))"
-)
-"""A root needing work (``Store.claim_next``): running, with unconsumed items, or waiting on a free run of
-its tree that has unconsumed items or moved on since the root was updated."""
 EPOCH = "extract(epoch FROM lease_expires_at)::float8"
 _COLLATE = 'COLLATE "C"'
-
-MIGRATIONS: builtins.list[tuple[str, ...]] = [
-    (  # 1: the first schema
-        f"CREATE TABLE runs (id TEXT {_COLLATE} PRIMARY KEY, agent TEXT, status TEXT NOT NULL DEFAULT 'running', "
-        f"turn INTEGER NOT NULL DEFAULT 0, first_message TEXT, created_at TEXT {_COLLATE}, updated_at TEXT {_COLLATE} NOT "
-        "NULL, parent_id TEXT, root_id TEXT, info JSONB NOT NULL DEFAULT '{}', length INTEGER NOT NULL "
-        "DEFAULT 0, inbox_len INTEGER NOT NULL DEFAULT 0, inbox_consumed INTEGER NOT NULL DEFAULT -1, "
-        "lease_owner JSONB, lease_token BIGINT NOT NULL DEFAULT 0, lease_expires_at TIMESTAMPTZ)",
-        "CREATE TABLE entries (run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, "
-        "seq INTEGER NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (run_id, seq))",
-        "CREATE TABLE inbox (run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, inbox_seq INTEGER "
-        "NOT NULL, item_id TEXT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (run_id, inbox_seq), "
-        "UNIQUE (run_id, item_id))",
-        "CREATE INDEX runs_updated ON runs (updated_at DESC, id DESC)",
-        "CREATE INDEX runs_status ON runs (status, updated_at DESC, id DESC)",
-        "CREATE INDEX runs_agent ON runs (agent, updated_at DESC, id DESC)",
-        "CREATE INDEX runs_parent ON runs (parent_id, updated_at DESC, id DESC)",
-        "CREATE INDEX runs_root ON runs (root_id, updated_at DESC, id DESC)",
-        f"CREATE INDEX runs_work ON runs (updated_at, id) WHERE {WORK}",
-    ),
-    (  # 2: run metadata (DESIGN 18): list(metadata=...) is ``info -> 'metadata' @> pairs`` on this index
-        "CREATE INDEX runs_metadata ON runs USING GIN ((info -> 'metadata') jsonb_path_ops)",
-    ),
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-"""The schema this tether writes; a database with a higher version in ``tether_schema`` is refused."""
 
 LISTED = (
     "id, agent, status, first_message, created_at, updated_at, turn, parent_id, root_id, lease_owner, "
@@ -104,9 +75,119 @@ def holding(raw: Any, live: bool) -> Owner | None:
     return None if owner is None or base.pid_alive(owner.pid, owner.host) is False else owner
 
 
-def redact(dsn: str) -> str:
-    """The DSN as a ``postgresql://`` URL without its password (parameters sorted)."""
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """The store's tables, each name qualified by the schema and quoted (``psycopg.sql.Identifier``)."""
+
+    schema: str
+    """The schema's name, as given (validated)."""
+    quoted: str
+    runs: str
+    entries: str
+    inbox: str
+    versions: str
+    """``tether_schema``: the migrations applied."""
+
+    @classmethod
+    def of(cls, schema: str) -> Tables:
+        quoted = sql.Identifier(schema).as_string(None)
+        return cls(
+            schema, quoted, *(f"{quoted}.{name}" for name in ("runs", "entries", "inbox", "tether_schema"))
+        )
+
+    @property
+    def needs(self) -> str:
+        """A root needing work (``Store.claim_next``): running, with unconsumed items, or waiting on a free run
+        of its tree that has unconsumed items or moved on since the root was updated (``r``: the root)."""
+        return (
+            "(status = 'running' OR inbox_len > inbox_consumed + 1 OR (status = 'waiting' AND EXISTS (SELECT 1 "
+            f"FROM {self.runs} AS c WHERE c.root_id = r.id AND c.parent_id IS NOT NULL AND (c.lease_owner IS NULL "
+            "OR c.lease_expires_at <= now()) AND (c.inbox_len > c.inbox_consumed + 1 OR (c.status <> 'waiting' "
+            "AND c.updated_at > r.updated_at)))))"
+        )
+
+
+def migrations(t: Tables) -> builtins.list[tuple[str, ...]]:
+    """The schema's migrations, in order: the statements of migration n are ``migrations(t)[n - 1]``."""
+    return [
+        (  # 1: the first schema
+            f"CREATE TABLE {t.runs} (id TEXT {_COLLATE} PRIMARY KEY, agent TEXT, status TEXT NOT NULL DEFAULT "
+            f"'running', turn INTEGER NOT NULL DEFAULT 0, first_message TEXT, created_at TEXT {_COLLATE}, "
+            f"updated_at TEXT {_COLLATE} NOT NULL, parent_id TEXT, root_id TEXT, info JSONB NOT NULL DEFAULT "
+            "'{}', length INTEGER NOT NULL DEFAULT 0, inbox_len INTEGER NOT NULL DEFAULT 0, inbox_consumed "
+            "INTEGER NOT NULL DEFAULT -1, lease_owner JSONB, lease_token BIGINT NOT NULL DEFAULT 0, "
+            "lease_expires_at TIMESTAMPTZ)",
+            f"CREATE TABLE {t.entries} (run_id TEXT NOT NULL REFERENCES {t.runs}(id) ON DELETE CASCADE, "
+            "seq INTEGER NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (run_id, seq))",
+            f"CREATE TABLE {t.inbox} (run_id TEXT NOT NULL REFERENCES {t.runs}(id) ON DELETE CASCADE, inbox_seq "
+            "INTEGER NOT NULL, item_id TEXT NOT NULL, body BYTEA NOT NULL, PRIMARY KEY (run_id, inbox_seq), "
+            "UNIQUE (run_id, item_id))",
+            f"CREATE INDEX runs_updated ON {t.runs} (updated_at DESC, id DESC)",
+            f"CREATE INDEX runs_status ON {t.runs} (status, updated_at DESC, id DESC)",
+            f"CREATE INDEX runs_agent ON {t.runs} (agent, updated_at DESC, id DESC)",
+            f"CREATE INDEX runs_parent ON {t.runs} (parent_id, updated_at DESC, id DESC)",
+            f"CREATE INDEX runs_root ON {t.runs} (root_id, updated_at DESC, id DESC)",
+            f"CREATE INDEX runs_work ON {t.runs} (updated_at, id) WHERE {WORK}",
+        ),
+        (  # 2: run metadata (DESIGN 18): list(metadata=...) is ``info -> 'metadata' @> pairs`` on this index
+            f"CREATE INDEX runs_metadata ON {t.runs} USING GIN ((info -> 'metadata') jsonb_path_ops)",
+        ),
+    ]
+
+
+SCHEMA_VERSION = len(migrations(Tables.of(DEFAULT_SCHEMA)))
+"""The schema this tether writes; a database with a higher version in ``tether_schema`` is refused."""
+
+
+def split_schema(dsn: str, schema: str | None) -> tuple[str, str, bool]:
+    """The DSN without tether's ``schema`` URL parameter, the schema to use (validated), and whether it was
+    named (False: ``tether`` by default).
+
+    The schema is ``schema`` when given, else the URL's ``?schema=NAME``, else the first schema of a
+    ``search_path`` the DSN sets in ``options`` (where such a DSN has always kept the tables), else ``tether``.
+
+    Raises:
+        ValueError: the name is not a plain identifier, or the argument and the URL disagree.
+    """
+    in_url = None
+    if dsn.startswith(("postgresql://", "postgres://")):
+        parts = urlsplit(dsn)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        found = [value for key, value in query if key == "schema"]
+        if found:
+            in_url = found[-1]
+            dsn = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k != "schema"])))
+    if schema is not None and in_url is not None and schema != in_url:
+        raise ValueError(f"PostgresStore got schema={schema!r} and a URL with ?schema={in_url}. Fix: name the "
+                         "schema once")  # fmt: skip
+    named = schema or in_url or _search_path_schema(dsn)
+    return dsn, valid_schema(named or DEFAULT_SCHEMA), named is not None
+
+
+
+def valid_schema(name: str) -> str:
+    """``name`` when it is a plain PostgreSQL identifier (quoted all the same, by ``psycopg.sql.Identifier``).
+
+    Raises:
+        ValueError: it is not.
+    """
+    if not _SCHEMA_NAME.fullmatch(name):
+        raise ValueError(f"schema {name!r} is not a plain PostgreSQL name. Fix: use letters, digits and _ "
+                         "(a digit not first), at most 63 characters, e.g. schema='tether'")  # fmt: skip
+    return name
+
+
+def _search_path_schema(dsn: str) -> str | None:
+    options = str(conninfo_to_dict(dsn).get("options") or "")
+    found = re.search(r"(?:-c\s*|--)search_path\s*=\s*([^\s,]+)", options)
+    return found.group(1).strip('"') if found else None
+
+
+def redact(dsn: str, schema: str | None = None) -> str:
+    """The DSN as a ``postgresql://`` URL without its password (parameters sorted, ``schema`` among them)."""
     params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None and k != "password"}
+    if schema is not None:
+        params["schema"] = schema
     user, host, port, dbname = (params.pop(k, "") for k in ("user", "host", "port", "dbname"))
     if host.startswith("/") or "," in host:  # a socket folder or several hosts: kept as parameters
         params.update(host=host, **({"port": port} if port else {}))
@@ -134,16 +215,6 @@ def info_of(row: Sequence[Any]) -> RunInfo:
         length=int(row[12]), inbox_len=int(row[13]), inbox_consumed=int(row[14]),
         metadata=dict(row[15]) if isinstance(row[15], dict) else {},
     )  # fmt: skip
-
-
-def schema_version(conn: Conn, attempt: int = 0) -> int:
-    exists = conn.execute("SELECT to_regclass('tether_schema') IS NOT NULL").fetchone()
-    row = (
-        conn.execute("SELECT coalesce(max(version), 0) FROM tether_schema").fetchone()
-        if exists and exists[0]
-        else None
-    )
-    return int(row[0]) if row else 0
 
 
 def refuse_newer(identity: str, version: int) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).with_name("crash")))
 
-from _chaos_agents import fresh_schema
+from _chaos_agents import fresh_schema, libpq
 
 import tether.testing
 from _store_runs import _append, _batch, _first, _info, _make
@@ -62,7 +62,7 @@ def db(dsn: str) -> Iterator[PostgresStore]:
 
 
 def _sql(dsn: str, sql: str, params: Any = ()) -> list[Any]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(libpq(dsn), autocommit=True) as conn:
         cur = conn.execute(sql, params)
         return cur.fetchall() if cur.description else []
 
@@ -89,7 +89,7 @@ def _kill_backends(dsn: str, app: str) -> int:
 def test_identity_hides_the_password_and_equal_stores_compare_equal(dsn: str) -> None:
     store = PostgresStore("postgresql://bob:s3cret@db.example:5433/runs?options=-csearch_path%3Dx")
     assert "s3cret" not in store.identity
-    assert store.identity == "postgresql://bob@db.example:5433/runs?options=-csearch_path%3Dx&schema=x"
+    assert store.identity == "postgresql://bob@db.example:5433/runs?options=-csearch_path%3Dx&schema=tether"
     assert PostgresStore("host=db.example port=5433 user=bob password=other dbname=runs "
                          "options=-csearch_path=x") == store  # fmt: skip
     assert PostgresStore(dsn) == PostgresStore(dsn) and PostgresStore(dsn) != store
@@ -136,11 +136,11 @@ def test_schema_is_versioned_migrated_once_and_a_newer_one_is_refused() -> None:
 
 def test_a_missing_schema_is_created_by_the_migrations_or_named_in_a_clear_error(dsn: str) -> None:
     name = f"no_such_schema_{uuid.uuid4().hex[:8]}"
-    unmigrated = PostgresStore(dsn, schema=name, migrate=False)
+    unmigrated = PostgresStore(libpq(dsn), schema=name, migrate=False)
     with pytest.raises(TetherError, match=rf"schema={name} has tether schema 0.*Fix: run tether db migrate"):
         unmigrated.create("r1", _first("r1", j.new_writer_id()), _info("r1"))
     unmigrated.close()
-    store = PostgresStore(dsn, schema=name)
+    store = PostgresStore(libpq(dsn), schema=name)
     try:
         store.create("r1", _first("r1", j.new_writer_id()), _info("r1"))
         assert _sql(dsn, "SELECT count(*) FROM pg_tables WHERE schemaname = %s", (name,)) == [(4,)]
@@ -296,7 +296,7 @@ def test_the_same_item_id_posted_by_many_threads_at_once_is_stored_once(db: Post
 
 def test_posts_submitted_runs_and_releases_with_work_left_notify(db: PostgresStore, dsn: str) -> None:
     tag = f"n{os.getpid()}x{time.monotonic_ns()}"  # the channel is the database's: other schemas notify too
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(libpq(dsn), autocommit=True) as conn:
         conn.execute("LISTEN tether_work")
 
         def heard() -> list[str]:
@@ -344,7 +344,7 @@ def test_claim_next_uses_the_partial_index(db: PostgresStore, dsn: str) -> None:
     from tether.stores.postgres._sql import FREE, WORK
 
     rows = [(f"x{i:05d}", "completed" if i % 50 else "running") for i in range(5000)]
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(libpq(dsn), autocommit=True) as conn:
         with conn.cursor() as cur:
             cur.executemany(
                 "INSERT INTO runs (id, agent, status, updated_at, root_id) VALUES (%s, 'a', %s, "

@@ -26,7 +26,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).with_name("crash")))
 
-from _chaos_agents import fresh_schema
+from _chaos_agents import fresh_schema, libpq
 
 from _store_runs import _append, _batch, _first, _info, _make
 from tether import journal as j
@@ -79,7 +79,7 @@ class PostgresBackend:
     def sql(self, query: str, params: Any = ()) -> list[Any]:
         import psycopg
 
-        with psycopg.connect(self.url, autocommit=True) as conn:
+        with psycopg.connect(libpq(self.url), autocommit=True) as conn:
             cur = conn.execute(query.replace("?", "%s"), params)  # type: ignore[arg-type]
             return cur.fetchall() if cur.description else []
 

@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).with_name("crash")))
 
-from _chaos_agents import fresh_schema, make_agent, open_test_store
+from _chaos_agents import fresh_schema, libpq, make_agent, open_test_store
 
 from tether import Agent, tool
 from tether import journal as j
@@ -46,7 +46,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     store.close()
     import psycopg
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(libpq(dsn), autocommit=True) as conn:
         conn.execute("TRUNCATE runs, entries, inbox")
     yield dsn
 
@@ -246,7 +246,7 @@ def test_a_worker_recovers_when_its_postgres_backends_are_killed_mid_run(pg_dsn:
     kills: list[int] = []
 
     def kill_backends() -> None:
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        with psycopg.connect(libpq(pg_dsn), autocommit=True) as conn:
             while not stop.wait(0.4):
                 rows = conn.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",

@@ -57,11 +57,21 @@ def postgres_or_skip() -> str:
 
 
 def in_schema(dsn: str, schema: str, **params: str) -> str:
-    """``dsn`` with ``search_path`` set to ``schema`` (and more URL parameters)."""
+    """``dsn`` with tether's ``schema`` parameter and ``search_path`` both ``schema`` (and more URL
+    parameters): the store keeps its tables there, and a raw connection (``libpq(dsn)``) finds them."""
     from urllib.parse import urlencode
 
-    query = urlencode({"options": f"-csearch_path={schema}", **params})
+    query = urlencode({"options": f"-csearch_path={schema}", "schema": schema, **params})
     return f"{dsn}{'&' if '?' in dsn else '?'}{query}"
+
+
+def libpq(dsn: str) -> str:
+    """``dsn`` without tether's ``schema`` parameter, for ``psycopg.connect`` (libpq refuses it)."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "schema"]
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 @contextlib.contextmanager

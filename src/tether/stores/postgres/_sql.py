@@ -143,8 +143,8 @@ def split_schema(dsn: str, schema: str | None) -> tuple[str, str, bool]:
     """The DSN without tether's ``schema`` URL parameter, the schema to use (validated), and whether it was
     named (False: ``tether`` by default).
 
-    The schema is ``schema`` when given, else the URL's ``?schema=NAME``, else the first schema of a
-    ``search_path`` the DSN sets in ``options`` (where such a DSN has always kept the tables), else ``tether``.
+    The schema is ``schema`` when given, else the URL's ``?schema=NAME``, else ``tether``. A ``search_path``
+    in the DSN's ``options`` does not choose it: every statement names the schema.
 
     Raises:
         ValueError: the name is not a plain identifier, or the argument and the URL disagree.
@@ -160,7 +160,7 @@ def split_schema(dsn: str, schema: str | None) -> tuple[str, str, bool]:
     if schema is not None and in_url is not None and schema != in_url:
         raise ValueError(f"PostgresStore got schema={schema!r} and a URL with ?schema={in_url}. Fix: name the "
                          "schema once")  # fmt: skip
-    named = schema or in_url or _search_path_schema(dsn)
+    named = schema or in_url
     return dsn, valid_schema(named or DEFAULT_SCHEMA), named is not None
 
 
@@ -175,12 +175,6 @@ def valid_schema(name: str) -> str:
         raise ValueError(f"schema {name!r} is not a plain PostgreSQL name. Fix: use letters, digits and _ "
                          "(a digit not first), at most 63 characters, e.g. schema='tether'")  # fmt: skip
     return name
-
-
-def _search_path_schema(dsn: str) -> str | None:
-    options = str(conninfo_to_dict(dsn).get("options") or "")
-    found = re.search(r"(?:-c\s*|--)search_path\s*=\s*([^\s,]+)", options)
-    return found.group(1).strip('"') if found else None
 
 
 def redact(dsn: str, schema: str | None = None) -> str:

@@ -82,7 +82,8 @@ class PostgresStore(Store):
     Args:
         dsn: a libpq connection string or ``postgresql://`` URL; ``?schema=NAME`` in a URL names the schema.
         schema: the schema of tether's tables (created by the migrations). Default: the URL's ``?schema=``,
-            else the first schema of a ``search_path`` set in the DSN's ``options``, else ``tether``.
+            else ``tether``. With neither named, tether's tables found in the connection's default schema
+            (``public``, where a tether before schemas kept them) are an error naming the fix.
         ttl: the default lease length in seconds, judged by the server's clock (a holder renews every ttl/4).
         pool_min, pool_max: each connection pool's size (one sync pool per process, one async pool per
             event loop that awaits the store).

@@ -113,10 +113,20 @@ def db_migrate(
         str | None,
         typer.Option("--store", "-s", envvar=STORE_ENV, metavar="URL", help=STORE_HELP, show_envvar=False),
     ] = None,
+    move_from: Annotated[
+        str | None,
+        typer.Option(
+            "--move-from",
+            metavar="SCHEMA",
+            help="First move tether's tables out of this PostgreSQL schema (e.g. public, where a tether before "
+            "schemas kept them) into the store's (?schema=NAME, default tether), in the same transaction.",
+        ),
+    ] = None,
 ) -> None:
     """Create or upgrade the store's schema: PostgreSQL's (a SQLite file is migrated whenever it is opened).
 
-    Needs --store (or $TETHER_STORE): the database to migrate, e.g. --store postgresql://USER@HOST/DB.
+    Needs --store (or $TETHER_STORE): the database to migrate, e.g. --store postgresql://USER@HOST/DB, or
+    postgresql://USER@HOST/DB?schema=NAME for tables in schema NAME (default: tether).
     """
     if store is None:
         fail(
@@ -126,7 +136,10 @@ def db_migrate(
     runs = open_store(store_url(store))
     try:
         migrate = getattr(runs, "migrate", None)
-        version = migrate() if callable(migrate) else None
+        if move_from is not None and not callable(migrate):
+            fail(f"--move-from moves PostgreSQL tables; {runs.identity} has none",
+                 "drop --move-from, or pass --store postgresql://USER@HOST/DB")  # fmt: skip
+        version = (migrate(move_from=move_from) if move_from else migrate()) if callable(migrate) else None
         done = (
             f"tether schema {version}"
             if version is not None

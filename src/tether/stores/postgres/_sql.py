@@ -164,7 +164,6 @@ def split_schema(dsn: str, schema: str | None) -> tuple[str, str, bool]:
     return dsn, valid_schema(named or DEFAULT_SCHEMA), named is not None
 
 
-
 def valid_schema(name: str) -> str:
     """``name`` when it is a plain PostgreSQL identifier (quoted all the same, by ``psycopg.sql.Identifier``).
 

@@ -114,7 +114,9 @@ class PostgresStore(Store):
         self.connect_timeout, self.retry_timeout = connect_timeout, retry_timeout
         self._identity = redact(dsn, self.schema)
         self._t = Tables.of(self.schema)
-        self._old_place_checked = named  # a schema chosen by name is meant: no tables are looked for elsewhere
+        self._old_place_checked = (
+            named  # a schema chosen by name is meant: no tables are looked for elsewhere
+        )
         params = conninfo_to_dict(dsn)
         params.setdefault("application_name", "tether")
         params["connect_timeout"] = str(max(1, round(connect_timeout)))
@@ -195,8 +197,10 @@ class PostgresStore(Store):
             return
         version = self._run(lambda cx, _: p.schema_version(cx, self._t), ready=False)
         refuse_newer(self.identity, version)
-        if version == 0 and not self._old_place_checked and (
-            old := self._run(lambda cx, _: _schema.old_place(cx, self._t), ready=False)
+        if (
+            version == 0
+            and not self._old_place_checked
+            and (old := self._run(lambda cx, _: _schema.old_place(cx, self._t), ready=False))
         ):
             raise _schema.old_place_error(self.identity, self._t, old)
         if version < SCHEMA_VERSION:

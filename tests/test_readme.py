@@ -29,3 +29,22 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert status == "completed"
     assert answer.strip() == "It is sunny and 22C in London."
     assert (tmp_path / "runs" / f"{run_id}.jsonl").exists()
+
+
+def test_the_async_handler_runs_as_written(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from tether import SQLiteStore, State
+
+    block = next(
+        b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S) if "store.aload(" in b
+    )
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    code = block.replace('"postgresql://app@db/app?schema=tether"', repr(url))  # the same handler, on SQLite
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    SQLiteStore(tmp_path / "runs.db").save(State(id="r1", messages=["hello"]))
+    with TestClient(namespace["app"]) as client:  # type: ignore[arg-type]
+        assert client.get("/runs/r1").json() == {"status": "running", "answer": None, "turn": 0}
+        assert client.post("/runs/r1/cancel").json() == {"cancelled": True}
+        assert client.get("/runs/r1").json()["status"] == "cancelled"

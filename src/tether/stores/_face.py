@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .. import journal as j
 from ..inbox import InboxItem
 from ._records import Lease, Owner, RunInfo
-
-if TYPE_CHECKING:
-    from .base import Store
 
 __all__ = ["AsyncFace", "Face", "SyncFace", "run_sync"]
 
@@ -79,7 +76,7 @@ class SyncFace:
 
     __slots__ = ("store",)
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Any) -> None:  # a ``Store`` (not imported: ``stores.base`` imports this module)
         self.store = store
 
     @property
@@ -132,7 +129,7 @@ class AsyncFace:
 
     __slots__ = ("store",)
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Any) -> None:  # a ``Store`` (not imported: ``stores.base`` imports this module)
         self.store = store
 
     @property

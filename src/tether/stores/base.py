@@ -1,10 +1,10 @@
 """The Store contract (DESIGN 8, DURABILITY 1-6) and what every store gets from it.
 
 A store keeps, for each run, its journal (append-only entries), its inbox (posted items) and who holds it.
-Primitives are synchronous and thread-safe; an async store overrides the ``a``-prefixed twins, which by
-default run the primitive on the store's own threads (``io_threads``). ``load``, ``save``, ``settle``,
-``cancel``, ``follow``, ``fork`` and ``list_page`` are built on the primitives. Stores never fold entries:
-the listing record (``info``) comes from the writer.
+Every public method has an ``a``-prefixed twin (DESIGN 8.1); a store implements each primitive in one face
+at least, and the base gives the other (docs/decisions.md, "Two faces, one primary"). ``load``, ``save``,
+``settle``, ``cancel``, ``follow``, ``fork`` and ``list_page`` are built on the primitives, once for both
+faces (``operations``). Stores never fold entries: the listing record (``info``) comes from the writer.
 
 The ``Store`` docstrings are the contract; ``tether.testing.StoreConformance`` checks it. The ``plan_*``
 functions state the selection rules of ``claim_next``, ``prune`` and ``delete`` over ``RunInfo`` records:
@@ -24,7 +24,8 @@ from .._threads import LoopThread, Threads
 from ..inbox import InboxItem
 from ..state import State
 from . import operations
-from ._face import AsyncFace, SyncFace, run_sync
+from ._face import AsyncFace, SyncFace
+from ._face import run_sync as run_sync  # re-exported: the stores import it from here
 from ._listing import ListCursor, as_cutoff, listing_key
 from ._planner import (
     check_batch,
@@ -39,24 +40,9 @@ from ._planner import (
 from ._records import Lease, Owner, RunInfo, pid_alive
 from ._records import busy_error as busy_error  # re-exported: the stores import it from here
 
-__all__ = [
-    "Lease",
-    "ListCursor",
-    "Owner",
-    "RunInfo",
-    "Store",
-    "as_cutoff",
-    "check_batch",
-    "check_prune_statuses",
-    "delete_children_error",
-    "delete_subagent_error",
-    "listed_child_needs_work",
-    "listing_key",
-    "pid_alive",
-    "plan_claim_next",
-    "plan_delete",
-    "plan_prune",
-]
+__all__ = ["Lease", "ListCursor", "Owner", "RunInfo", "Store", "as_cutoff", "check_batch", "check_prune_statuses",
+           "delete_children_error", "delete_subagent_error", "listed_child_needs_work", "listing_key", "pid_alive",
+           "plan_claim_next", "plan_delete", "plan_prune", "run_sync"]  # fmt: skip
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -73,15 +59,16 @@ class Store(abc.ABC):
     """Where runs live: each run's journal, inbox and holder. Subclass it, implement the primitives, and
     pass ``tether.testing.StoreConformance``.
 
-    Every primitive is synchronous and thread-safe, and may be called from several processes on the same
-    storage at once (a MemoryStore is the one store that lives in one process). An async store overrides
-    the ``a``-prefixed twins; otherwise ``run_io`` runs a primitive on the store's own threads.
+    Every primitive is thread-safe, and may be called from several processes on the same storage at once (a
+    MemoryStore is the one store that lives in one process). Implement each one sync (``read``) or async
+    (``aread``), or both: a sync primitive's twin runs it on the store's threads (``run_io``); an async-only
+    primitive's sync method runs its coroutine on the store's own loop thread. A store overriding async
+    twins is ``async_native``: the composite twins (``aload``, ...) then run over them on the caller's loop.
 
-    Primitives (abstract): ``identity``, ``create``, ``append``, ``read``, ``length``, ``post``,
-    ``read_inbox``, ``inbox_length``, ``claim``, ``claim_next``, ``renew``, ``release``, ``abandon``,
-    ``holder``, ``list``, ``delete``, ``prune``.
-    Built on them, for every store: ``load``, ``save``, ``settle``, ``cancel``, ``follow``, ``fork``,
-    ``list_page``, ``exists``, ``ids_matching``.
+    Primitives (``PRIMITIVES``; ``identity`` is abstract): ``create``, ``append``, ``read``, ``length``,
+    ``post``, ``read_inbox``, ``inbox_length``, ``claim``, ``claim_next``, ``renew``, ``release``,
+    ``abandon``, ``holder``, ``list``, ``delete``, ``prune``. Built on them, for every store: ``load``,
+    ``save``, ``settle``, ``cancel``, ``follow``, ``fork``, ``list_page``, ``exists``, ``ids_matching``.
 
     Words used below:
         held: a take (``create(owner=...)``, ``claim``, ``claim_next``) succeeded and the lease has not been
@@ -178,11 +165,8 @@ class Store(abc.ABC):
             RunNotFoundError: no such run.
             ValueError: ``entries`` is not one sealed batch numbered from ``expected_seq``.
         """
-        self._on_loop(
-            self.aappend(
-                run_id, entries, expected_seq=expected_seq, writer=writer, lease_token=lease_token, info=info
-            )
-        )
+        self._on_loop(self.aappend(run_id, entries, expected_seq=expected_seq, writer=writer,
+                                   lease_token=lease_token, info=info))  # fmt: skip
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         """The durable entries with seq > ``after_seq``, decoded and checked, in seq order.
@@ -310,19 +294,9 @@ class Store(abc.ABC):
         Raises:
             ValueError: a bad cursor, time bound or metadata filter.
         """
-        return self._on_loop(
-            self.alist(
-                status=status,
-                agent=agent,
-                parent_id=parent_id,
-                root_id=root_id,
-                updated_before=updated_before,
-                updated_after=updated_after,
-                limit=limit,
-                cursor=cursor,
-                metadata=metadata,
-            )
-        )
+        return self._on_loop(self.alist(status=status, agent=agent, parent_id=parent_id, root_id=root_id,
+                                        updated_before=updated_before, updated_after=updated_after, limit=limit,
+                                        cursor=cursor, metadata=metadata))  # fmt: skip
 
     def delete(self, run_id: str, *, children: bool = False) -> None:
         """Delete a run's journal and inbox (and with ``children=True`` its subagent runs), all or nothing.

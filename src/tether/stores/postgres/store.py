@@ -44,9 +44,8 @@ from ...errors import TetherError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .. import base
-from .._face import run_sync
 from .._listing import ListQuery
-from ..base import Lease, Owner, RunInfo, Store
+from ..base import Lease, Owner, RunInfo, Store, run_sync
 from . import _primitives as p
 from . import _schema
 from ._conn import AsyncCx, Cx, SyncCx

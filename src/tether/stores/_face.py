@@ -186,7 +186,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     try:
         coro.send(None)
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value
     coro.close()
     raise RuntimeError(
         "a store operation suspended on its sync face. Fix: await its a-prefixed twin from async code"

@@ -226,30 +226,37 @@ def test_an_append_whose_commit_outcome_is_unknown_is_settled_by_the_same_writer
 
 
 @pytest.mark.parametrize("face", ["sync", "async"])
-def test_a_backend_killed_during_an_append_is_retried_on_a_new_connection(
-    face: str, dsn: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from tether.stores.postgres import _primitives
-
+def test_a_backend_killed_during_an_append_is_retried_on_a_new_connection(face: str, dsn: str) -> None:
     _sql(dsn, "TRUNCATE runs, entries, inbox")
-    db = PostgresStore(dsn)
+    app = f"tether-mid-append-{os.getpid()}-{face}"
+    db = PostgresStore(f"{dsn}&application_name={app}")
     writer, lease = _make(db, "r1", held=True)
     assert lease is not None
-    real_insert = _primitives._insert
-    killed: list[int] = []
+    errors: list[BaseException] = []
 
-    async def insert_then_die(cx: Any, t: Any, run_id: str, entries: Any) -> None:
-        await real_insert(cx, t, run_id, entries)
-        if not killed:  # the backend dies mid-transaction: the server rolls the append back
-            killed.append(cx.conn.info.backend_pid)
-            await cx.one("SELECT pg_terminate_backend(pg_backend_pid())")
+    def append() -> None:
+        try:
+            _append_through(face, db, lease, _batch(2, 3, writer))
+        except BaseException as exc:
+            errors.append(exc)
 
-    monkeypatch.setattr(_primitives, "_insert", insert_then_die)
-    _append_through(face, db, lease, _batch(2, 3, writer))
-    monkeypatch.undo()
+    with psycopg.connect(libpq(dsn)) as locker:  # holds the run's row: the append's fence waits for it
+        locker.execute("SELECT 1 FROM runs WHERE id = 'r1' FOR UPDATE")
+        appending = threading.Thread(target=append)
+        appending.start()
+        deadline, waiting = time.monotonic() + 20, []
+        while not waiting and time.monotonic() < deadline:
+            time.sleep(0.02)
+            waiting = _sql(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND "
+                           "wait_event_type = 'Lock'", (app,))  # fmt: skip
+        assert waiting, "the append never waited on the run's row"
+        _sql(dsn, "SELECT pg_terminate_backend(%s)", (waiting[0][0],))  # killed mid-statement: rolled back
+        locker.rollback()
+    appending.join(30)
+    assert not appending.is_alive() and not errors, errors
     db.close()
     again = PostgresStore(dsn)
-    assert killed and [e.seq for e in again.read("r1")] == [0, 1, 2, 3, 4]
+    assert [e.seq for e in again.read("r1")] == [0, 1, 2, 3, 4]  # retried on a new connection, once
     assert again.list()[0].length == 5
     again.close()
 

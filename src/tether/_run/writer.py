@@ -3,7 +3,8 @@
 Entries are added through the run's ``JournalWriter``; ``Writer.flush`` appends what is queued, and what is
 queued while an append runs goes into the next one. An append in progress always completes, even when its
 task is cancelled, so the driver always knows whether it is durable. Each trip to the store's thread also
-reads the inbox's length (DURABILITY 2.3: before each append) and starts the sync tools whose
+reads the inbox's length (DURABILITY 2.3: before each append, or in the append's own transaction for a store
+with ``append_reads_inbox``) and starts the sync tools whose
 ``tool_started`` that append made durable. A store with native async twins (``Store.async_native``) is
 awaited on the loop instead, its append shielded from the drive's cancellation in the same way.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -155,13 +157,14 @@ class Writer:
     def _append(self, batch: list[j.Entry], info: dict[str, Any], jobs: dict[int, _Job]) -> int:
         """Read the inbox's length, append a batch, and start the sync tools it made durable, on one trip.
 
-        Runs on the store's thread. The length is read before the append (DURABILITY 2.3). One started
+        Runs on the store's thread. The length is read before the append (DURABILITY 2.3), or by the append
+        itself in its transaction (``Store.append_reads_inbox``: no trip of its own). One started
         tool runs on this very thread once the append is reported (outside the store's thread limit), the
         others each on a tool thread.
         """
-        run_id = self.journal.state.id
-        length = self.store.inbox_length(run_id)
-        self.store.append(
+        run_id, store = self.journal.state.id, self.store
+        length = None if store.append_reads_inbox else store.inbox_length(run_id)
+        read = store.append(
             run_id,
             batch,
             expected_seq=batch[0].seq,
@@ -170,13 +173,13 @@ class Writer:
             info=info,
         )
         self._start_tools(jobs, here=True)
-        return length
+        return _hint(length, read)
 
     async def _aappend(self, batch: list[j.Entry], info: dict[str, Any], jobs: dict[int, _Job]) -> int:
         """``_append`` on a store's native async twins (``Store.async_native``): each tool on a tool thread."""
-        run_id = self.journal.state.id
-        length = await self.store.ainbox_length(run_id)
-        await self.store.aappend(
+        run_id, store = self.journal.state.id, self.store
+        length = None if store.append_reads_inbox else await store.ainbox_length(run_id)
+        read = await store.aappend(
             run_id,
             batch,
             expected_seq=batch[0].seq,
@@ -185,7 +188,7 @@ class Writer:
             info=info,
         )
         self._start_tools(jobs, here=False)
-        return length
+        return _hint(length, read)
 
     def _start_tools(self, jobs: dict[int, _Job], *, here: bool) -> None:
         """Start the sync tools an append made durable; ``here``: the first on this store thread."""
@@ -219,3 +222,11 @@ class Writer:
             await self.store.aabandon(self.lease)
         except Exception as exc:  # abandon never raises by contract; a broken store is only logged
             log.warning("releasing run %s failed: %s", self.journal.state.id, exc)
+
+
+def _hint(before: int | None, read: int | None) -> int:
+    """The inbox's length for ``Writer.inbox_hint``: the one read before the append, else the append's own;
+    neither (a store with ``append_reads_inbox`` that returned none): a length that has the next poll read."""
+    if before is not None:
+        return before
+    return sys.maxsize if read is None else read

@@ -87,6 +87,10 @@ class Store(abc.ABC):
     ttl: float | None = None
     """Lease length for claims, in seconds; None for a store whose lease is a lock the OS drops."""
 
+    append_reads_inbox: bool = False
+    """Whether ``append`` returns the inbox's length, read in the append's own transaction (the writer then
+    reads no length before it: DURABILITY 2.3's read before each append is that one, at the append)."""
+
     async_native: bool = False
     """Whether the store implements async primitives itself (set for each subclass, from its methods)."""
 
@@ -149,7 +153,7 @@ class Store(abc.ABC):
         writer: str,
         lease_token: int | None,
         info: dict[str, Any],
-    ) -> None:
+    ) -> int | None:
         """Append one sealed batch at ``expected_seq``, fenced by the lease token, all or nothing (DURABILITY 3).
 
         The fence comes first and is part of the write itself: an append with a token that is not the
@@ -164,8 +168,11 @@ class Store(abc.ABC):
             LeaseLostError: the token is not the run's current one, or the lease lapsed.
             RunNotFoundError: no such run.
             ValueError: ``entries`` is not one sealed batch numbered from ``expected_seq``.
+
+        Returns:
+            None, or (a store with ``append_reads_inbox``) the inbox's length read in the same transaction.
         """
-        self._on_loop(self.aappend(run_id, entries, expected_seq=expected_seq, writer=writer,
+        return self._on_loop(self.aappend(run_id, entries, expected_seq=expected_seq, writer=writer,
                                    lease_token=lease_token, info=info))  # fmt: skip
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
@@ -491,10 +498,10 @@ class Store(abc.ABC):
         return await self.run_io(self.create, run_id, entries, info, owner=owner, ttl=ttl)
 
     async def aappend(self, run_id: str, entries: Sequence[j.Entry], *, expected_seq: int, writer: str,
-                      lease_token: int | None, info: dict[str, Any]) -> None:
+                      lease_token: int | None, info: dict[str, Any]) -> int | None:
         """``append``, awaited. A cancelled await may leave the outcome unknown, as a lost connection does:
         a retry of the same batch settles it (the same-writer rule)."""
-        await self.run_io(self.append, run_id, entries, expected_seq=expected_seq, writer=writer,
+        return await self.run_io(self.append, run_id, entries, expected_seq=expected_seq, writer=writer,
                           lease_token=lease_token, info=info)
 
     async def aread(self, run_id: str, after_seq: int = -1) -> builtins.list[j.Entry]:

@@ -190,13 +190,14 @@ def _record_appends(store: Store) -> None:
     """Record each append of ``store`` that returned (run, seqs, kinds), in this process's order."""
     append = store.append
 
-    def recorded(run_id: str, entries: Sequence[j.Entry], **kwargs: Any) -> None:
-        append(run_id, entries, **kwargs)
+    def recorded(run_id: str, entries: Sequence[j.Entry], **kwargs: Any) -> int | None:
+        result = append(run_id, entries, **kwargs)
         path = os.environ.get(LOG_ENV)
         if path and entries:
             ExecutionLog(path).record(
                 event="append", run_id=run_id, seq=entries[0].seq, kinds=[e.kind for e in entries]
             )
+        return result
 
     store.append = recorded  # type: ignore[method-assign]
 

@@ -130,38 +130,67 @@ async def _current_lease(cx: Cx, t: Tables, run_id: str, owner: Owner, ttl: floa
     return Lease(run_id, int(found[0]) if found else 0, owner, found[1] if found else None, ttl)
 
 
+def _append_sql(t: Tables) -> str:
+    """An append in one statement (so one transaction): the fence, an UPDATE of the run's row, and the
+    INSERT of the entries only when the fence matched, returning the inbox's length read at the fence (the
+    row locked). No row: the fence matched nothing, and nothing was written."""
+    return (
+        f"WITH fence AS (UPDATE {t.runs} SET {SET_LISTING}, length = %s, inbox_consumed = %s WHERE id = %s AND "
+        f"length = %s AND lease_token = %s AND {LIVE} RETURNING id, inbox_len), written AS (INSERT INTO "
+        f"{t.entries} (run_id, seq, body) SELECT fence.id, e.seq, e.body FROM fence, unnest(%s::int[], "
+        "%s::bytea[]) AS e (seq, body)) SELECT inbox_len FROM fence"
+    )
+
+
+async def _fenced_write(cx: Cx, t: Tables, run_id: str, at: int, new: Sequence[j.Entry], lease_token: int | None,
+                        listing: tuple[Any, ...], consumed: int) -> int | None:  # fmt: skip
+    """The fenced append of ``new`` at ``at``: the inbox's length, or None when the fence matched no row."""
+    found = await cx.one(
+        _append_sql(t),
+        (*listing, at + len(new), consumed, run_id, at, lease_token,
+         [entry.seq for entry in new], [j.encode_entry(entry) for entry in new]),
+    )  # fmt: skip
+    return None if found is None else int(found[0])
+
+
 async def append(cx: Cx, t: Tables, run_id: str, entries: Sequence[j.Entry], expected_seq: int,
-                 lease_token: int | None, listing: tuple[Any, ...], consumed: int) -> builtins.list[j.Entry]:  # fmt: skip
-    """``Store.append``: the fence (an UPDATE of the run's row), then the INSERT, one transaction; returns
-    the entries written (none: a retried append found them stored)."""
+                 lease_token: int | None, listing: tuple[Any, ...],
+                 consumed: int) -> tuple[builtins.list[j.Entry], int]:  # fmt: skip
+    """``Store.append``: the entries written (none: a retried append found them stored) and the inbox's
+    length, read in the append's transaction.
+
+    A new append is one statement in autocommit: one transaction, one round trip (``_append_sql``: the fence
+    inside it). When its fence matches nothing (a retry whose COMMIT's outcome was unknown, another writer,
+    a lost lease) the slow path settles it in a transaction: re-read, then refuse, or skip what the same
+    writer stored (DURABILITY 3) and write the rest, fenced again. A crash test's ``torn_append`` takes the
+    slow path too, to die inside an open transaction.
+    """
+    new = builtins.list(entries)
+    if fp.ACTIVE and new and fp.hits("before_append", new):
+        fp.die()  # before anything is sent: nothing is written
+    torn = fp.ACTIVE and bool(new) and fp.hits("torn_append", new)
+    if new and not torn:
+        length = await _fenced_write(cx, t, run_id, expected_seq, new, lease_token, listing, consumed)
+        if length is not None:
+            return new, length
     async with cx.transaction():
-        at, new = expected_seq, builtins.list(entries)
-        for _ in range(3):  # the fence; zero rows: re-read, then refuse, or skip what is stored
-            if new:
-                changed = await cx.count(
-                    f"UPDATE {t.runs} SET {SET_LISTING}, length = %s, inbox_consumed = %s WHERE id = %s AND "
-                    f"length = %s AND lease_token = %s AND {LIVE}",
-                    (*listing, at + len(new), consumed, run_id, at, lease_token),
-                )
-                if changed == 1:
-                    break
-            at, new = await _unstored(cx, t, run_id, entries, expected_seq, lease_token)
+        for _ in range(3):  # re-read, then refuse, or skip what is stored; then the fence again
+            at, new, length = await _unstored(cx, t, run_id, entries, expected_seq, lease_token)
             if not new:
-                return []
-        else:
-            raise kept_changing_error(run_id)
-        if fp.ACTIVE and fp.hits("before_append", new):
-            fp.die()  # inside the transaction: the server rolls it back
-        await _insert(cx, t, run_id, new)
-        if fp.ACTIVE and fp.hits("torn_append", new):
-            fp.die()
-    return new
+                return [], length
+            found = await _fenced_write(cx, t, run_id, at, new, lease_token, listing, consumed)
+            if found is not None:
+                if torn:
+                    fp.die()  # inside the transaction: the server rolls it back
+                return new, found
+        raise kept_changing_error(run_id)
 
 
 async def _unstored(cx: Cx, t: Tables, run_id: str, entries: Sequence[j.Entry], expected_seq: int,
-                    token: int | None) -> tuple[int, builtins.list[j.Entry]]:  # fmt: skip
-    """Why the fence matched no row: raise, or return where to write and what is not stored yet."""
-    n, current, live = await row(cx, t, run_id, f"length, lease_token, {LIVE}")
+                    token: int | None) -> tuple[int, builtins.list[j.Entry], int]:  # fmt: skip
+    """Why the fence matched no row: raise, or return where to write, what is not stored yet, and the
+    inbox's length."""
+    n, current, live, inbox_len = await row(cx, t, run_id, f"length, lease_token, {LIVE}, inbox_len")
     if token != current or not live:
         raise lease_lost_error(run_id, token, current)
     end = expected_seq + min(len(entries), n - expected_seq)  # what plan_append compares (nothing: a gap)
@@ -172,7 +201,8 @@ async def _unstored(cx: Cx, t: Tables, run_id: str, entries: Sequence[j.Entry], 
     def lookup(first: int, end: int) -> builtins.list[Stored]:
         return stored[first - expected_seq : end - expected_seq]
 
-    return n, plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=lookup)
+    planned = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=lookup)
+    return n, planned, int(inbox_len)
 
 
 async def read(cx: Cx, t: Tables, run_id: str, after_seq: int) -> builtins.list[j.Entry]:

@@ -5,7 +5,8 @@ SQLiteStore's three tables (``runs``, ``entries``, ``inbox``) in a schema of its
 ``<schema>.tether_schema`` and migrated on first use. Numbers come from the run's row: ``post`` is
 ``UPDATE runs SET inbox_len = inbox_len + 1 … RETURNING`` plus the INSERT, one transaction; an append is
 fenced by ``UPDATE runs … WHERE id AND length AND lease_token AND lease_expires_at > now()`` before its
-INSERT, one transaction; claims are short transactions (``FOR UPDATE SKIP LOCKED`` on roots needing work,
+INSERT, one transaction (one statement in autocommit, one round trip, returning the inbox's length too:
+``_primitives.append``); claims are short transactions (``FOR UPDATE SKIP LOCKED`` on roots needing work,
 then a new token and expiry), so no row lock is held during a run. Lease expiry is judged by the server's
 clock. Posts, submitted runs and runs given up with work left ``NOTIFY tether_work`` (payload: the root's
 id); ``wait_for_work`` listens on a dedicated connection. ``updated_at`` is kept as the writer's ISO string
@@ -100,6 +101,7 @@ class PostgresStore(Store):
     """
 
     ttl: float | None = 30.0
+    append_reads_inbox = True  # the fence's UPDATE returns inbox_len (one statement: _primitives.append)
 
     def __init__(self, dsn: str, *, schema: str | None = None, ttl: float = 30.0, pool_min: int = 1,
                  pool_max: int = 10, connect_timeout: float = 5, migrate: bool = True, pool_timeout: float = 30.0,
@@ -263,8 +265,8 @@ class PostgresStore(Store):
                       owner: Owner | None = None, ttl: float | None = None) -> Lease | None:  # fmt: skip
         return await self._arun(self._create(run_id, entries, info, owner, ttl))
 
-    def _append(self, run_id: str, entries: Sequence[j.Entry], expected_seq: int,
-                lease_token: int | None, info: dict[str, Any]) -> Attempt[builtins.list[j.Entry]]:  # fmt: skip
+    def _append(self, run_id: str, entries: Sequence[j.Entry], expected_seq: int, lease_token: int | None,
+                info: dict[str, Any]) -> Attempt[tuple[builtins.list[j.Entry], int]]:  # fmt: skip
         if entries:  # the fence assumes n == expected_seq (a new append); plan_append rules otherwise
             base.check_batch(run_id, entries, expected_seq)
         listing, consumed = listing_of(info), int(info.get("inbox_consumed", -1))
@@ -273,12 +275,13 @@ class PostgresStore(Store):
         )
 
     def append(self, run_id: str, entries: Sequence[j.Entry], *, expected_seq: int, writer: str,
-               lease_token: int | None, info: dict[str, Any]) -> None:  # fmt: skip
-        _after_append(self._run(self._append(run_id, entries, expected_seq, lease_token, info)))
+               lease_token: int | None, info: dict[str, Any]) -> int:  # fmt: skip
+        """See ``Store.append``; returns the inbox's length, read in the append's transaction."""
+        return _after_append(*self._run(self._append(run_id, entries, expected_seq, lease_token, info)))
 
     async def aappend(self, run_id: str, entries: Sequence[j.Entry], *, expected_seq: int, writer: str,
-                      lease_token: int | None, info: dict[str, Any]) -> None:  # fmt: skip
-        _after_append(await self._arun(self._append(run_id, entries, expected_seq, lease_token, info)))
+                      lease_token: int | None, info: dict[str, Any]) -> int:  # fmt: skip
+        return _after_append(*await self._arun(self._append(run_id, entries, expected_seq, lease_token, info)))
 
     def _read(self, run_id: str, after_seq: int) -> Attempt[builtins.list[j.Entry]]:
         return lambda cx, _: p.read(cx, self._t, run_id, max(after_seq, -1))
@@ -502,9 +505,10 @@ class PostgresStore(Store):
                                            limit=limit, cursor=cursor, metadata=metadata))  # fmt: skip
 
 
-def _after_append(written: builtins.list[j.Entry]) -> None:
+def _after_append(written: builtins.list[j.Entry], inbox_len: int) -> int:
     if written and fp.ACTIVE and fp.hits("after_append", written):
         fp.die()
+    return inbox_len
 
 
 class _Tries:

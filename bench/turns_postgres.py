@@ -1,0 +1,168 @@
+"""Per-turn cost of a durable run on PostgresStore, against a baseline measured in the same run (DESIGN 13).
+
+Each turn is one model reply with one tool call and its result: two appends (reply and start, result).
+The baseline is a bare ``INSERT`` + ``COMMIT`` per append (one statement in autocommit on a psycopg
+connection: one transaction, one round trip) of the same bytes per append as the store's, into a table of
+the entries' shape in the same schema: two per turn. It runs right before and right after each measured
+run (the mean is used), so the server's and the machine's drift hit both sides alike.
+
+Transactions, client round trips and statements per turn are read off the wire by a counting proxy
+(``tests/_pg_wire.py``) on a separate run of the same size (the timed runs connect directly): the
+difference between a run of N turns and one of N/2, so a run's fixed cost (create, release, pool start)
+is left out. ``--src`` measures another tree's tether (e.g. a ``git worktree`` of an earlier commit).
+
+    python bench/turns_postgres.py                     # 100 and 1000 turns, postgresql://127.0.0.1:5432/test
+    python bench/turns_postgres.py --turns 100 --dsn postgresql://127.0.0.1/test --src /tmp/before/src
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def drive(dsn: str, turns: int) -> tuple[float, int]:
+    """Run ``turns`` one-call turns on a PostgresStore at ``dsn``; seconds per turn, and journal bytes."""
+    from tether import Agent, tool
+    from tether.stores.postgres import PostgresStore
+    from tether.testing import ScriptedModel, call
+
+    @tool(effect="read_only")
+    def lookup(n: int) -> str:
+        """Look a number up.
+
+        Args:
+            n: The number.
+        """
+        return f"result {n}"
+
+    replies: list[object] = [call("lookup", n=i) for i in range(turns)]
+    replies.append("done")
+    store = PostgresStore(dsn)
+    store.migrate()
+    agent = Agent(ScriptedModel(replies), name="bench", tools=[lookup], store=store, poll_interval=1.0)
+    run_id = f"bench-{uuid.uuid4().hex[:12]}"
+
+    async def timed() -> float:
+        try:
+            start = time.perf_counter()
+            state = await agent.arun("go", id=run_id)
+            elapsed = time.perf_counter() - start
+        finally:
+            await store.aclose()  # this loop's pool, then the sync one
+        assert state.status == "completed", state.status
+        return elapsed
+
+    elapsed = asyncio.run(timed())
+    return elapsed / turns, sum(len(body) for body in _bodies(store, run_id))
+
+
+def _bodies(store: Any, run_id: str) -> list[bytes]:
+    import psycopg
+
+    with psycopg.connect(store.dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            f'SELECT body FROM "{store.schema}".entries WHERE run_id = %s', (run_id,)
+        ).fetchall()
+    return [bytes(body) for (body,) in rows]
+
+
+def baseline(dsn: str, schema: str, appends: int, chunk: int, turns: int) -> float:
+    """Seconds per turn for ``appends`` single-statement INSERTs (autocommit) of ``chunk`` bytes each."""
+    import psycopg
+
+    payload = b"x" * max(1, chunk)
+    run_id = f"base-{uuid.uuid4().hex[:12]}"
+    table = f'"{schema}".bench_baseline'
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {table} (run_id TEXT NOT NULL, seq INTEGER NOT NULL, body BYTEA "
+            "NOT NULL, PRIMARY KEY (run_id, seq))"
+        )
+        sql = f"INSERT INTO {table} (run_id, seq, body) VALUES (%s, %s, %s)"
+        start = time.perf_counter()
+        for seq in range(appends):
+            conn.execute(sql, (run_id, seq, payload))
+        elapsed = time.perf_counter() - start
+        conn.execute(f"DELETE FROM {table} WHERE run_id = %s", (run_id,))
+    return elapsed / turns
+
+
+def counted(dsn: str, turns: int) -> tuple[float, float, float]:
+    """Transactions, round trips and statements per turn, off the wire: (N turns − N/2 turns) / (N/2)."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from _pg_wire import WireCounter
+
+    half = max(1, turns // 2)
+    with WireCounter() as wire:
+        proxied = wire.dsn(dsn)
+        before = wire.counts()
+        drive(proxied, half)
+        middle = wire.counts()
+        drive(proxied, turns)
+        after = wire.counts()
+    small, large = middle - before, after - middle
+    extra = turns - half
+    return (
+        (large.transactions - small.transactions) / extra,
+        (large.round_trips - small.round_trips) / extra,
+        (large.statements - small.statements) / extra,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", default="100,1000")
+    parser.add_argument("--dsn", default="postgresql://127.0.0.1:5432/test")
+    parser.add_argument("--src", help="import tether from this folder (another tree's src/)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per size (the median is printed)")
+    args = parser.parse_args()
+    if args.src:
+        sys.path.insert(0, str(Path(args.src).resolve()))
+    import psycopg
+
+    import tether
+
+    schema = f"tether_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    dsn = f"{args.dsn}{'&' if '?' in args.dsn else '?'}schema={schema}"
+    print(f"python {sys.version.split()[0]}, tether from {Path(tether.__file__).parent}, schema {schema}")
+    print("turns  ms/turn  base ms/turn  ratio  xacts/turn  round trips/turn  statements/turn  bytes/turn")
+    try:
+        drive(dsn, 20)  # warm-up: the schema's migrations, the server's caches
+        for turns in (int(t) for t in args.turns.split(",")):
+            xacts, trips, statements = counted(dsn, turns)
+            ratios, times, bases = [], [], []
+            for _ in range(args.repeat):
+                size = drive(dsn, turns)[1]  # the shape of the run: bytes per append
+                chunk = size // (2 * turns + 2)
+                before = baseline(args.dsn, schema, 2 * turns, chunk, turns)
+                per_turn, _ = drive(dsn, turns)
+                after = baseline(args.dsn, schema, 2 * turns, chunk, turns)
+                base = (before + after) / 2
+                times.append(per_turn)
+                bases.append(base)
+                ratios.append(per_turn / base)
+            i = ratios.index(statistics.median(ratios)) if len(ratios) % 2 else 0
+            print(
+                f"{turns:>5}  {times[i] * 1e3:7.3f}  {bases[i] * 1e3:12.3f}  {ratios[i]:5.2f}x  {xacts:10.2f}"
+                f"  {trips:16.2f}  {statements:15.2f}  {size / turns:10.0f}"
+            )
+            print(f"       ratios of the {args.repeat} runs: " + ", ".join(f"{r:.2f}x" for r in ratios))
+    finally:
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -119,7 +119,9 @@ def counted(dsn: str, turns: int) -> tuple[float, float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--turns", default="100,1000")
     parser.add_argument("--dsn", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument("--src", help="import tether from this folder (another tree's src/)")

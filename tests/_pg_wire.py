@@ -8,6 +8,8 @@ Every byte between the client and the server passes through, unchanged. What is 
 - transactions: each ``ReadyForQuery`` reporting idle after at least one ``CommandComplete`` since the
   last one: an explicit ``BEGIN … COMMIT`` counts once, and so does each statement in autocommit.
 - statements: the client's ``Query`` (simple protocol) and ``Execute`` (extended protocol) messages.
+- prepares: the client's ``Parse`` messages naming a statement (psycopg prepares a statement on the server
+  the sixth time a connection runs it, in a round trip of its own: once per connection and statement).
 
 Connections through it must not ask for SSL or GSS encryption (``sslmode=disable gssencmode=disable``:
 ``WireCounter.dsn`` adds them), so both directions are plain protocol messages from the first byte.
@@ -32,12 +34,14 @@ class Counts:
     round_trips: int = 0
     transactions: int = 0
     statements: int = 0
+    prepares: int = 0
 
     def __sub__(self, other: Counts) -> Counts:
         return Counts(
             self.round_trips - other.round_trips,
             self.transactions - other.transactions,
             self.statements - other.statements,
+            self.prepares - other.prepares,
         )
 
 
@@ -81,12 +85,16 @@ class _Link:
         self.completed = False
 
     def from_client(self, data: bytes) -> None:
-        statements = sum(1 for kind, _ in self.client.feed(data) if kind in (ord("Q"), ord("E")))
+        statements = prepares = 0
+        for kind, body in self.client.feed(data):
+            statements += kind in (ord("Q"), ord("E"))
+            prepares += kind == ord("P") and body[:1] != b"\x00"
         with self.counter.lock:
             if self.server_spoke:
                 self.counter.round_trips += 1
                 self.server_spoke = False
             self.counter.statements += statements
+            self.counter.prepares += prepares
 
     def from_server(self, data: bytes) -> None:
         done = 0
@@ -111,7 +119,7 @@ class WireCounter:
     def __init__(self, host: str = "127.0.0.1", port: int = 5432) -> None:
         self.target = (host, port)
         self.lock = threading.Lock()
-        self.round_trips = self.transactions = self.statements = 0
+        self.round_trips = self.transactions = self.statements = self.prepares = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
@@ -133,7 +141,7 @@ class WireCounter:
     def dsn(self, url: str) -> str:
         """``url`` (``postgresql://…``) through this proxy, without SSL or GSS encryption."""
         parts = urlsplit(url)
-        user = f"{parts.username}@" if parts.username else ""
+        user = parts.netloc.rpartition("@")[0] + "@" if "@" in parts.netloc else ""
         query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("sslmode", "gssencmode")]
         query += [("sslmode", "disable"), ("gssencmode", "disable")]
         netloc = f"{user}127.0.0.1:{self.port}"
@@ -141,7 +149,7 @@ class WireCounter:
 
     def counts(self) -> Counts:
         with self.lock:
-            return Counts(self.round_trips, self.transactions, self.statements)
+            return Counts(self.round_trips, self.transactions, self.statements, self.prepares)
 
     def _accept(self) -> None:
         while not self._closed:

@@ -281,7 +281,9 @@ class PostgresStore(Store):
 
     async def aappend(self, run_id: str, entries: Sequence[j.Entry], *, expected_seq: int, writer: str,
                       lease_token: int | None, info: dict[str, Any]) -> int:  # fmt: skip
-        return _after_append(*await self._arun(self._append(run_id, entries, expected_seq, lease_token, info)))
+        return _after_append(
+            *await self._arun(self._append(run_id, entries, expected_seq, lease_token, info))
+        )
 
     def _read(self, run_id: str, after_seq: int) -> Attempt[builtins.list[j.Entry]]:
         return lambda cx, _: p.read(cx, self._t, run_id, max(after_seq, -1))

@@ -31,6 +31,7 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/turns.py
 	$(PY) bench/turns_sqlite.py --turns 100,1000
+	$(PY) bench/turns_postgres.py --turns 100,1000
 	$(PY) bench/listing.py
 	$(PY) bench/import_time.py
 	$(PY) bench/tracing.py

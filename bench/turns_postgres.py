@@ -96,8 +96,9 @@ def baseline(dsn: str, schema: str, appends: int, chunk: int, turns: int) -> flo
     return elapsed / turns
 
 
-def counted(dsn: str, turns: int) -> tuple[float, float, float]:
-    """Transactions, round trips and statements per turn, off the wire: (N turns − N/2 turns) / (N/2)."""
+def counted(dsn: str, turns: int) -> tuple[float, float, float, int]:
+    """Transactions, round trips and statements per turn, off the wire: (N turns − N/2 turns) / (N/2); and
+    the journal's bytes after N turns."""
     sys.path.insert(0, str(HERE.parent / "tests"))
     from _pg_wire import WireCounter
 
@@ -107,7 +108,7 @@ def counted(dsn: str, turns: int) -> tuple[float, float, float]:
         before = wire.counts()
         drive(proxied, half)
         middle = wire.counts()
-        drive(proxied, turns)
+        size = drive(proxied, turns)[1]
         after = wire.counts()
     small, large = middle - before, after - middle
     extra = turns - half
@@ -115,6 +116,7 @@ def counted(dsn: str, turns: int) -> tuple[float, float, float]:
         (large.transactions - small.transactions) / extra,
         (large.round_trips - small.round_trips) / extra,
         (large.statements - small.statements) / extra,
+        size,
     )
 
 
@@ -142,11 +144,10 @@ def main() -> int:
     try:
         drive(dsn, 20)  # warm-up: the schema's migrations, the server's caches
         for turns in (int(t) for t in args.turns.split(",")):
-            xacts, trips, statements = counted(dsn, turns)
+            xacts, trips, statements, size = counted(dsn, turns)
+            chunk = size // (2 * turns + 2)  # the store's bytes per append
             ratios, times, bases = [], [], []
             for _ in range(args.repeat):
-                size = drive(dsn, turns)[1]  # the shape of the run: bytes per append
-                chunk = size // (2 * turns + 2)
                 before = baseline(args.dsn, schema, 2 * turns, chunk, turns)
                 per_turn, _ = drive(dsn, turns)
                 after = baseline(args.dsn, schema, 2 * turns, chunk, turns)

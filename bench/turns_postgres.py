@@ -9,7 +9,9 @@ run (the mean is used), so the server's and the machine's drift hit both sides a
 Transactions, client round trips and statements per turn are read off the wire by a counting proxy
 (``tests/_pg_wire.py``) on a separate run of the same size (the timed runs connect directly): the
 difference between a run of N turns and one of N/2, so a run's fixed cost (create, release, pool start)
-is left out. ``--src`` measures another tree's tether (e.g. a ``git worktree`` of an earlier commit).
+is left out. Then the append alone, in both faces: each ``store.append`` / ``await store.aappend`` (1 or 2
+messages) followed by one bare INSERT, as many times as the largest run's turns, so the ratio holds even
+while the machine's load drifts. ``--src`` measures another tree's tether (e.g. a ``git worktree`` of an earlier commit).
 
     python bench/turns_postgres.py                     # 100 and 1000 turns, postgresql://127.0.0.1:5432/test
     python bench/turns_postgres.py --turns 100 --dsn postgresql://127.0.0.1/test --src /tmp/before/src
@@ -96,6 +98,70 @@ def baseline(dsn: str, schema: str, appends: int, chunk: int, turns: int) -> flo
     return elapsed / turns
 
 
+def appends(dsn: str, schema: str, count: int, chunk: int) -> tuple[float, float, float, float]:
+    """Per append, ms: ``store.append`` (sync face), the bare INSERT beside it, ``await store.aappend`` (async
+    face), the bare INSERT awaited beside it; each append interleaved with its baseline's INSERT (one after
+    the other, ``count`` times), so the server's drift hits both alike. Batches of 2 and 1 messages, in
+    turn, of about ``chunk`` bytes an append."""
+    import psycopg
+
+    from tether import journal as j
+    from tether._harness.conformance.support import make_sealed, record
+    from tether.stores.postgres import PostgresStore
+
+    store = PostgresStore(dsn, pool_min=1, pool_max=1)
+    table = f'"{schema}".bench_baseline'
+    sql = f"INSERT INTO {table} (run_id, seq, body) VALUES (%s, %s, %s)"
+    text = "x" * max(1, chunk // 2 - 150)
+    totals = [0.0, 0.0, 0.0, 0.0]
+
+    def batch(seq: int, writer: str) -> list[j.Entry]:
+        n = 2 if seq % 3 == 2 else 1
+        at = j.now_iso()
+        made = [
+            j.MessageAdded(seq=seq + i, at=at, content=[{"type": "text", "text": text}]) for i in range(n)
+        ]
+        return j.seal(made, writer)
+
+    def one(run_id: str, seq: int, writer: str, token: int) -> tuple[list[j.Entry], dict[str, Any]]:
+        return batch(seq, writer), {"expected_seq": seq, "writer": writer, "lease_token": token,
+                                    "info": record(run_id)}  # fmt: skip
+
+    async def measure() -> None:
+        base_id = f"base-{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(store.dsn, autocommit=True) as sync_conn:
+            aconn = await psycopg.AsyncConnection.connect(store.dsn, autocommit=True)
+            try:
+                for face in (0, 1):
+                    run_id = f"appends-{face}-{uuid.uuid4().hex[:12]}"
+                    writer, lease = make_sealed(store, run_id, held=True)
+                    assert lease is not None
+                    seq = 2
+                    for i in range(count):
+                        entries, kw = one(run_id, seq, writer, lease.token)
+                        payload = b"x" * max(1, chunk)
+                        start = time.perf_counter()
+                        if face == 0:
+                            store.append(run_id, entries, **kw)
+                            middle = time.perf_counter()
+                            sync_conn.execute(sql, (base_id, face * count + i, payload))
+                        else:
+                            await store.aappend(run_id, entries, **kw)
+                            middle = time.perf_counter()
+                            await aconn.execute(sql, (base_id, face * count + i, payload))
+                        end = time.perf_counter()
+                        totals[2 * face] += middle - start
+                        totals[2 * face + 1] += end - middle
+                        seq += len(entries)
+            finally:
+                await aconn.close()
+                await store.aclose()
+
+    asyncio.run(measure())
+    sync_ms, sync_base, async_ms, async_base = (t * 1e3 / count for t in totals)
+    return sync_ms, sync_base, async_ms, async_base
+
+
 def counted(dsn: str, turns: int) -> tuple[float, float, float, int]:
     """Transactions, round trips and statements per turn, off the wire: (N turns − N/2 turns) / (N/2); and
     the journal's bytes after N turns."""
@@ -161,6 +227,13 @@ def main() -> int:
                 f"  {trips:16.2f}  {statements:15.2f}  {size / turns:10.0f}"
             )
             print(f"       ratios of the {args.repeat} runs: " + ", ".join(f"{r:.2f}x" for r in ratios))
+        count = max(int(t) for t in args.turns.split(","))
+        sync_ms, sync_base, async_ms, async_base = appends(dsn, schema, count, chunk)
+        print(f"per append, {count} appends each interleaved with a bare INSERT (autocommit):")
+        print(f"  sync face   {sync_ms:.3f} ms, bare INSERT {sync_base:.3f} ms: {sync_ms / sync_base:.2f}x")
+        print(
+            f"  async face  {async_ms:.3f} ms, bare INSERT {async_base:.3f} ms: {async_ms / async_base:.2f}x"
+        )
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

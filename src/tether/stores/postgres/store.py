@@ -146,6 +146,9 @@ class PostgresStore(Store):
 
     async def _apool(self) -> AsyncConnectionPool[Any]:
         loop = asyncio.get_running_loop()
+        pool = self._apools.get(loop)
+        if pool is not None and not pool.closed and not self._closed:
+            return pool
         with self._lock:
             self._check_open()
             pool = self._apools.get(loop)
@@ -154,7 +157,7 @@ class PostgresStore(Store):
                     self._conninfo, min_size=self.pool_min, max_size=self.pool_max, open=False,
                     kwargs={"autocommit": True}, timeout=self.pool_timeout, name=f"tether-async-{os.getpid()}",
                 )  # fmt: skip
-        await pool.open()  # once: later calls return at once
+        await pool.open()  # the first caller opens it; others wait for it here
         return pool
 
     def _check_open(self) -> None:

@@ -1,6 +1,10 @@
-"""Per-turn cost of a durable run on PostgresStore, against a baseline measured in the same run (DESIGN 13).
+"""Per-turn cost of a durable run on PostgresStore, native async face and sync face on threads, against a
+baseline measured in the same run (DESIGN 13: per turn within 3x of a bare INSERT + COMMIT per append).
 
 Each turn is one model reply with one tool call and its result: two appends (reply and start, result).
+Both drives are ``agent.arun``: "async" on PostgresStore's native twins (psycopg's async pool, on the loop),
+"threads" on a PostgresStore whose twins are the base's (each store call a trip to the store's threads,
+over the sync pool).
 The baseline is a bare ``INSERT`` + ``COMMIT`` per append (one statement in autocommit on a psycopg
 connection: one transaction, one round trip) of the same bytes per append as the store's, into a table of
 the entries' shape in the same schema: two per turn. It runs right before and right after each measured
@@ -13,8 +17,8 @@ is left out. Then the append alone, in both faces: each ``store.append`` / ``awa
 messages) followed by one bare INSERT, as many times as the largest run's turns, so the ratio holds even
 while the machine's load drifts. ``--src`` measures another tree's tether (e.g. a ``git worktree`` of an earlier commit).
 
-    python bench/turns_postgres.py                     # 100 and 1000 turns, postgresql://127.0.0.1:5432/test
-    python bench/turns_postgres.py --turns 100 --dsn postgresql://127.0.0.1/test --src /tmp/before/src
+    python bench/turns_postgres.py             # 100 and 1000 turns, postgresql://root@127.0.0.1:5432/test
+    python bench/turns_postgres.py --turns 200 --dsn postgresql://USER@HOST/DB --src /tmp/before/src
 """
 
 from __future__ import annotations
@@ -31,10 +35,28 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def drive(dsn: str, turns: int) -> tuple[float, int]:
-    """Run ``turns`` one-call turns on a PostgresStore at ``dsn``; seconds per turn, and journal bytes."""
-    from tether import Agent, tool
+def _store(dsn: str, face: str) -> Any:
+    """A PostgresStore; face "threads": one whose twins are the base's (each call a trip to the store's
+    threads over the sync pool, as before the native async face); "async": its own native twins."""
+    from tether.stores.base import PRIMITIVES, Store
     from tether.stores.postgres import PostgresStore
+
+    if face == "async":
+        return PostgresStore(dsn)
+
+    class ThreadTwins(PostgresStore):
+        """PostgresStore whose twins are the base's: each sync primitive on the store's threads."""
+
+    for name in PRIMITIVES:
+        setattr(ThreadTwins, f"a{name}", getattr(Store, f"a{name}"))
+    ThreadTwins.async_native = False
+    return ThreadTwins(dsn)
+
+
+def drive(dsn: str, turns: int, face: str = "async") -> tuple[float, int]:
+    """Run ``turns`` one-call turns on a PostgresStore at ``dsn`` (``face``: see ``_store``); seconds per
+    turn, and journal bytes."""
+    from tether import Agent, tool
     from tether.testing import ScriptedModel, call
 
     @tool(effect="read_only")
@@ -48,7 +70,7 @@ def drive(dsn: str, turns: int) -> tuple[float, int]:
 
     replies: list[object] = [call("lookup", n=i) for i in range(turns)]
     replies.append("done")
-    store = PostgresStore(dsn)
+    store = _store(dsn, face)
     store.migrate()
     agent = Agent(ScriptedModel(replies), name="bench", tools=[lookup], store=store, poll_interval=1.0)
     run_id = f"bench-{uuid.uuid4().hex[:12]}"
@@ -163,8 +185,9 @@ def appends(dsn: str, schema: str, count: int, chunk: int) -> tuple[float, float
 
 
 def counted(dsn: str, turns: int) -> tuple[float, float, float, int]:
-    """Transactions, round trips and statements per turn, off the wire: (N turns − N/2 turns) / (N/2); and
-    the journal's bytes after N turns."""
+    """Transactions, round trips and statements per turn of the native async face (the threads face sends
+    the same statements), off the wire: (N turns − N/2 turns) / (N/2); and the journal's bytes after N
+    turns."""
     sys.path.insert(0, str(HERE.parent / "tests"))
     from _pg_wire import WireCounter
 
@@ -191,7 +214,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--turns", default="100,1000")
-    parser.add_argument("--dsn", default="postgresql://127.0.0.1:5432/test")
+    parser.add_argument("--dsn", default="postgresql://root@127.0.0.1:5432/test")
     parser.add_argument("--src", help="import tether from this folder (another tree's src/)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per size (the median is printed)")
     args = parser.parse_args()
@@ -206,27 +229,28 @@ def main() -> int:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     dsn = f"{args.dsn}{'&' if '?' in args.dsn else '?'}schema={schema}"
     print(f"python {sys.version.split()[0]}, tether from {Path(tether.__file__).parent}, schema {schema}")
-    print("turns  ms/turn  base ms/turn  ratio  xacts/turn  round trips/turn  statements/turn  bytes/turn")
+    print("turns  async ms/turn  threads ms/turn  base ms/turn  async ratio  threads ratio  xacts/turn  "
+          "round trips/turn  statements/turn  bytes/turn")  # fmt: skip
     try:
         drive(dsn, 20)  # warm-up: the schema's migrations, the server's caches
         for turns in (int(t) for t in args.turns.split(",")):
             xacts, trips, statements, size = counted(dsn, turns)
             chunk = size // (2 * turns + 2)  # the store's bytes per append
-            ratios, times, bases = [], [], []
+            runs: list[tuple[float, float, float]] = []  # (native async, threads, baseline) per repeat
             for _ in range(args.repeat):
                 before = baseline(args.dsn, schema, 2 * turns, chunk, turns)
-                per_turn, _ = drive(dsn, turns)
+                native, _ = drive(dsn, turns, "async")
+                threads, _ = drive(dsn, turns, "threads")
                 after = baseline(args.dsn, schema, 2 * turns, chunk, turns)
-                base = (before + after) / 2
-                times.append(per_turn)
-                bases.append(base)
-                ratios.append(per_turn / base)
-            i = ratios.index(statistics.median(ratios)) if len(ratios) % 2 else 0
+                runs.append((native, threads, (before + after) / 2))
+            ratios = [native / base for native, _, base in runs]
+            native, threads, base = runs[ratios.index(statistics.median(ratios)) if len(ratios) % 2 else 0]
             print(
-                f"{turns:>5}  {times[i] * 1e3:7.3f}  {bases[i] * 1e3:12.3f}  {ratios[i]:5.2f}x  {xacts:10.2f}"
-                f"  {trips:16.2f}  {statements:15.2f}  {size / turns:10.0f}"
+                f"{turns:>5}  {native * 1e3:13.3f}  {threads * 1e3:15.3f}  {base * 1e3:12.3f}  "
+                f"{native / base:10.2f}x  {threads / base:12.2f}x  {xacts:10.2f}  {trips:16.2f}  "
+                f"{statements:15.2f}  {size / turns:10.0f}"
             )
-            print(f"       ratios of the {args.repeat} runs: " + ", ".join(f"{r:.2f}x" for r in ratios))
+            print(f"       async ratios of the {args.repeat} runs: " + ", ".join(f"{r:.2f}x" for r in ratios))
         count = max(int(t) for t in args.turns.split(","))
         sync_ms, sync_base, async_ms, async_base = appends(dsn, schema, count, chunk)
         print(f"per append, {count} appends each interleaved with a bare INSERT (autocommit):")

@@ -140,7 +140,7 @@ async def start_refund(request: Request) -> JSONResponse:
 async def refund_later(request: Request) -> JSONResponse:
     body = await request.json()
     run_id = f"refund-{body['order']}"
-    if await run_in_threadpool(STORE.exists, run_id):  # submitted already: a retry changes nothing
+    if await STORE.aexists(run_id):  # submitted already: a retry changes nothing
         return JSONResponse({"id": run_id, "status": "exists"})
     prompt = f"refund {body['amount']} on order {body['order']}"
     await run_in_threadpool(agent.submit, prompt, id=run_id, metadata={"user": body["user"]})
@@ -149,17 +149,17 @@ async def refund_later(request: Request) -> JSONResponse:
 
 async def approve(request: Request) -> JSONResponse:
     body = await request.json()
-    state = await run_in_threadpool(STORE.load, request.path_params["run_id"])
+    state = await STORE.aload(request.path_params["run_id"])
     if not state.pending_approvals:
         return JSONResponse({"id": state.id, "approved": None, "status": state.status}, status_code=409)
     call_id = state.pending_approvals[0].call_id
     state.approve(call_id, by=body["by"], reason=body.get("reason"), args=body.get("args"))
-    await run_in_threadpool(STORE.save, state)  # journaled now (no one holds the run); a worker runs it
+    await STORE.asave(state)  # journaled now (no one holds the run); a worker runs it
     return JSONResponse({"id": state.id, "approved": call_id})
 
 
 async def list_runs(request: Request) -> JSONResponse:
-    infos = await run_in_threadpool(STORE.list, metadata={"user": request.query_params["user"]})
+    infos = await STORE.alist(metadata={"user": request.query_params["user"]})
     runs = [{"id": i.id, "status": i.status} for i in infos]
     return JSONResponse(sorted(runs, key=lambda r: r["id"]))
 

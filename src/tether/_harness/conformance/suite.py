@@ -11,7 +11,9 @@ class TestMyStore(StoreConformance):
         return dsn_for(tmp_path)  # what tether.open_store opens to reach the same storage
 ```
 
-Each test gets a fresh store from ``make_store(tmp_path)``. Concurrency cases run real processes (spawned,
+Each test gets a fresh store from ``make_store(tmp_path)`` and runs twice: through the store's sync methods,
+and through their ``a``-prefixed twins (each sync call of the case awaits the twin; ``faces.py``), so a
+store implementing either face, or both, is checked to the same contract. Concurrency cases run real processes (spawned,
 not forked) that open the store with ``tether.open_store(self.store_url(tmp_path))``; a store that lives in
 one process sets ``multiprocess_skip_reason``. Lease-expiry cases run when a claim with a ttl returns a
 Lease with ``expires_at`` (a ttl store); lock stores skip them. The cases follow the ``Store`` docstrings

@@ -1,7 +1,9 @@
 """PostgresStore: runs shared by many processes and machines, through leases with fencing tokens.
 
-``store.py`` is the store (psycopg 3 and its pool, imported with this package); ``_sql.py`` the schema,
-migrations and the SQL the store shares.
+``store.py`` is the store (psycopg 3 and its pools, imported with this package: both faces, the retries);
+``_primitives.py`` each primitive's statements, written once for both faces over a connection of
+``_conn.py``; ``_schema.py`` the migrations, the schema of its own and the old place; ``_sql.py`` the table
+names, the migrations' statements and the SQL fragments and helpers the others share.
 """
 
 from .store import SCHEMA_VERSION, PostgresStore, PostgresUnavailableError

@@ -124,9 +124,9 @@ class PostgresStore(Store):
         self._conninfo = make_conninfo("", **params)
         self._lock, self._listen_lock = threading.Lock(), threading.Lock()
         self._pools: dict[int, ConnectionPool[Any]] = {}  # per process: a forked child makes its own
-        self._apools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = (
-            weakref.WeakKeyDictionary()
-        )  # per event loop: an async connection belongs to the loop it was made on
+        self._apools: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[int, AsyncConnectionPool[Any]]
+        ] = weakref.WeakKeyDictionary()  # per event loop (an async connection belongs to the loop it was made on) and process (fork)
         self._ready_pid, self._closed = 0, False
         self._listener: tuple[int, Conn] | None = None
 
@@ -148,15 +148,19 @@ class PostgresStore(Store):
 
     async def _apool(self) -> AsyncConnectionPool[Any]:
         loop = asyncio.get_running_loop()
+        pid, pool = self._apools.get(loop, (0, None))
+        if pool is not None and pid == os.getpid() and not pool.closed and not self._closed:
+            return pool
         with self._lock:
             self._check_open()
-            pool = self._apools.get(loop)
-            if pool is None:
-                pool = self._apools[loop] = AsyncConnectionPool(
+            pid, pool = self._apools.get(loop, (0, None))
+            if pool is None or pid != os.getpid():  # a parent's pool is left alone, as in ``_pool``
+                pool = AsyncConnectionPool(
                     self._conninfo, min_size=self.pool_min, max_size=self.pool_max, open=False,
                     kwargs={"autocommit": True}, timeout=self.pool_timeout, name=f"tether-async-{os.getpid()}",
                 )  # fmt: skip
-        await pool.open()  # once: later calls return at once
+                self._apools[loop] = (os.getpid(), pool)
+        await pool.open()  # the first caller opens it; others wait for it here
         return pool
 
     def _check_open(self) -> None:
@@ -245,8 +249,8 @@ class PostgresStore(Store):
     async def aclose(self) -> None:
         """Close this event loop's async pool, then everything ``close`` closes."""
         with self._lock:
-            pool = self._apools.pop(asyncio.get_running_loop(), None)
-        if pool is not None:
+            pid, pool = self._apools.pop(asyncio.get_running_loop(), (0, None))
+        if pool is not None and pid == os.getpid():
             await pool.close()
         await self.run_io(self.close)
 

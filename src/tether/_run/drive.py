@@ -93,6 +93,7 @@ class Drive:
         self._start_seq = len(self.state.history)  # a run_stopped in force from here on is this drive's
         self._waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
         self._lease_lost = False
+        self._closing = False  # _close_after has begun: the renewer's loss no longer cancels the drive
 
     async def run(self) -> State:
         """Drive to the next stop and release the run; returns the State."""
@@ -138,8 +139,13 @@ class Drive:
             self.trace.end()
 
     def _lost(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        """The renewer lost the lease (its thread): cancel the drive, unless it is closing already."""
         self._lease_lost = True
-        loop.call_soon_threadsafe(task.cancel)
+        loop.call_soon_threadsafe(self._cancel_unless_closing, task)
+
+    def _cancel_unless_closing(self, task: asyncio.Task[Any]) -> None:
+        if not self._closing:  # it is stopping already: a cancel would only cut its close short
+            task.cancel()
 
     async def _cancel_children(self) -> None:
         await self.tools.cancel_children()
@@ -215,10 +221,18 @@ class Drive:
     async def _close_after(self, exc: BaseException) -> None:
         """After an interrupt or error: abort in-flight unsafe calls, write ``run_released``, release."""
         self.gate.stopping = True
+        self._closing = True
         in_flight = self.tools.interrupted()
         state, writer = self.state, self.writer
-        if writer.save_failed is not None:
+        refused = writer.save_failed
+        if refused is not None:
             await writer.give_up()  # the store refused this append; a retry here would fail the same way
+            if (
+                isinstance(refused, LeaseLostError)
+                and self._lease_lost
+                and isinstance(exc, asyncio.CancelledError)
+            ):
+                raise refused from exc  # the renewer's cancel came after the append's refusal: the lease says why
             return
         if isinstance(exc, LeaseLostError) or self._lease_lost:
             await writer.give_up()

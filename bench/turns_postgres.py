@@ -225,8 +225,14 @@ def main() -> int:
     import tether
 
     schema = f"tether_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(args.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        with psycopg.connect(args.dsn, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+    except psycopg.OperationalError as exc:
+        print(
+            f"no PostgreSQL at {args.dsn} ({str(exc).strip()[:200]}); skipped. Fix: start one, or pass --dsn"
+        )
+        return 0
     dsn = f"{args.dsn}{'&' if '?' in args.dsn else '?'}schema={schema}"
     print(f"python {sys.version.split()[0]}, tether from {Path(tether.__file__).parent}, schema {schema}")
     print("turns  async ms/turn  threads ms/turn  base ms/turn  async ratio  threads ratio  xacts/turn  "

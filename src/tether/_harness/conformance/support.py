@@ -150,11 +150,12 @@ def first_batch(
             j.MessageAdded(seq=1, at=at, content=[{"type": "text", "text": "hi"}]),
         ],
         writer,
+        run_id=run_id,
     )
 
 
-def messages(start: int, count: int, writer: str, text: str = "x") -> list[j.Entry]:
-    """One append of ``count`` messages from seq ``start``, sealed by ``writer``."""
+def messages(start: int, count: int, writer: str, text: str = "x", *, run_id: str = "r1") -> list[j.Entry]:
+    """One append of ``count`` messages from seq ``start`` of run ``run_id``, sealed by ``writer``."""
     at = j.now_iso()
     return j.seal(
         [
@@ -162,6 +163,7 @@ def messages(start: int, count: int, writer: str, text: str = "x") -> list[j.Ent
             for i in range(count)
         ],
         writer,
+        run_id=run_id,
     )
 
 

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-import orjson
-
 from ... import journal as j
 from ...errors import NewerFormatError, RunNotFoundError
 from .._listing import ListQuery
@@ -128,9 +126,7 @@ class FileListing(Store):
         jpath, ipath, _ = self._paths(run_id)
         try:
             tail = self._journal_tail(run_id, jpath)
-            record = orjson.loads(tail.info_line)["info"]  # no complete append at all: damaged
-            if not isinstance(record, dict):
-                raise TypeError("the listing record is not an object")
+            record = ft.tail_record(tail)  # no complete append at all: damaged
         except RunNotFoundError:
             return None  # deleted meanwhile
         except NewerFormatError:

@@ -21,10 +21,10 @@ from .._planner import check_batch
 
 __all__ = [
     "UndoFailed",
+    "append_bytes",
     "as_int",
     "check_batch",
     "cut_torn",
-    "encode_append",
     "failpoints_before",
     "fsync_dir",
     "inbox_count",
@@ -211,16 +211,9 @@ def as_int(value: object, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def encode_append(
-    entries: Sequence[j.Entry], info: dict[str, Any], length: int, token: int | None
-) -> tuple[bytes, bytes]:
-    """One append's bytes (its entry lines, then its listing line) and the listing line alone.
-
-    Raises:
-        TypeError: ``info`` cannot be written as JSON.
-    """
-    info_line = orjson.dumps({"info": {**info, "length": length, "token": token}})
-    return b"".join([j.encode_entry(e) + b"\n" for e in entries]) + info_line + b"\n", info_line
+def append_bytes(lines: Sequence[bytes], info_line: bytes) -> bytes:
+    """One append's bytes: its entry lines, then its listing line, each ending with a newline."""
+    return b"\n".join([*lines, info_line]) + b"\n"
 
 
 class UndoFailed(OSError):

@@ -15,6 +15,7 @@ import orjson
 
 from ... import journal as j
 from ...errors import CorruptJournalError
+from ._info import FULL_PREFIX, is_listing, record
 from ._lock import BLOCK, pread_all
 
 __all__ = [
@@ -29,10 +30,11 @@ __all__ = [
     "refresh_journal",
     "same",
     "scan_tail",
+    "tail_record",
 ]
 
-INFO_PREFIX = b'{"info"'
-"""How a journal's listing line begins (an entry line begins with ``{"kind"``)."""
+INFO_PREFIX = FULL_PREFIX
+"""How a journal's full listing line begins (``_info.py``; an entry line begins with ``{"h"`` or ``{"kind"``)."""
 
 RESCAN_OVER = 1 << 16
 """Past this many new bytes, a cached tail is rebuilt from the last block rather than every new line."""
@@ -53,6 +55,7 @@ class Parsed:
         version: the journal's format version when its ``run_started`` was seen (or given), else None.
         info_line: the listing line of the last complete append (``b""`` when none was seen).
         last: the last complete append's entries (its end only, when it began before the bytes read).
+        full_line: the last full listing line seen (``b""`` when none), and ``full_end`` the offset after it.
     """
 
     entries: list[j.Entry]
@@ -61,20 +64,12 @@ class Parsed:
     version: int | None
     info_line: bytes = b""
     last: list[j.Entry] = field(default_factory=list)
+    full_line: bytes = b""
+    full_end: int = 0
 
 
 def _corrupt(run_id: str, seq: int | None, problem: str) -> CorruptJournalError:
     return CorruptJournalError(run_id, seq, problem)
-
-
-def _load_line(run_id: str, line: bytes, seq: int | None) -> dict[str, Any]:
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        raise _corrupt(run_id, seq, "its line is not valid JSON") from None
-    if not isinstance(obj, dict):
-        raise _corrupt(run_id, seq, "its line is not a JSON object")
-    return obj
 
 
 def parse_forward(
@@ -96,24 +91,25 @@ def parse_forward(
     pos = 0
     for line in data.split(b"\n")[:-1]:
         pos += len(line) + 1
-        if line.startswith(INFO_PREFIX):
+        if is_listing(line):
             if expect != -1:
                 raise _corrupt(run_id, seq, "a listing line is out of place before this entry")
             if keep:
                 entries.extend(pending)
             out.last, pending = pending, []
             out.end, out.length, out.info_line = base + pos, seq, line
+            if line.startswith(FULL_PREFIX):
+                out.full_line, out.full_end = line, base + pos
             expect = None
             continue
         if expect == -1:
             raise _corrupt(run_id, seq, "the append before this entry has no listing line")
-        obj = _load_line(run_id, line, seq)
-        b = obj.get("b")
-        if not isinstance(b, int) or b < 0 or (expect is not None and b != expect):
+        entry = j.decode_entry(line, run_id, journal_version=version, expected_seq=seq)
+        b = entry.b
+        if b.__class__ is not int or b < 0 or (expect is not None and b != expect):
             raise _corrupt(
                 run_id, seq, f"its line breaks the append's countdown (b={b!r}, expected {expect})"
             )
-        entry = j.decode_entry(obj, run_id, journal_version=version or j.FORMAT_VERSION)
         if entry.seq != seq:
             raise _corrupt(run_id, entry.seq, f"expected seq {seq} here")
         if isinstance(entry, j.RunStarted):
@@ -144,21 +140,23 @@ def scan_tail(run_id: str, fd: int, size: int) -> Parsed:
         if cut >= 0:
             base = start + cut + 1
             lines = data[cut + 1 :].split(b"\n")[:-1]
-            idx = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(INFO_PREFIX)), -1)
-            if idx >= 1 and not lines[idx - 1].startswith(INFO_PREFIX):
-                return _tail_from(run_id, data[cut + 1 :], lines, idx, base)
+            idx = next((i for i in range(len(lines) - 1, -1, -1) if is_listing(lines[i])), -1)
+            if idx >= 1 and not is_listing(lines[idx - 1]):
+                full = next((i for i in range(idx, -1, -1) if lines[i].startswith(FULL_PREFIX)), -1)
+                if full >= 0:
+                    return _tail_from(run_id, data[cut + 1 :], lines, idx, base, full)
         block *= 4
 
 
-def _tail_from(run_id: str, body: bytes, lines: list[bytes], idx: int, base: int) -> Parsed:
+def _tail_from(run_id: str, body: bytes, lines: list[bytes], idx: int, base: int, full: int) -> Parsed:
     last: list[j.Entry] = []
     for distance, line in enumerate(reversed(lines[:idx])):
-        if line.startswith(INFO_PREFIX):
+        if is_listing(line):
             break
-        obj = _load_line(run_id, line, None)
-        if obj.get("b") != distance:
-            raise _corrupt(run_id, obj.get("seq"), "its line breaks the append's countdown")
-        last.append(j.decode_entry(obj, run_id))
+        entry = j.decode_entry(line, run_id)
+        if entry.b != distance:
+            raise _corrupt(run_id, entry.seq, "its line breaks the append's countdown")
+        last.append(entry)
     last.reverse()
     for before, after in itertools.pairwise(last):
         if after.seq != before.seq + 1:
@@ -166,7 +164,8 @@ def _tail_from(run_id: str, body: bytes, lines: list[bytes], idx: int, base: int
     offset = sum(len(line) + 1 for line in lines[: idx + 1])
     length = last[-1].seq + 1
     rest = parse_forward(run_id, body[offset:], base=base + offset, seq=length, version=None, keep=False)
-    return Parsed([], base + offset, length, rest.version, lines[idx], last)
+    full_end = base + sum(len(line) + 1 for line in lines[: full + 1])
+    return Parsed([], base + offset, length, rest.version, lines[idx], last, lines[full], full_end)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -221,6 +220,7 @@ class JTail:
         version: the journal's format version, when its ``run_started`` was read.
         info_line: the last complete append's listing line.
         last: the last complete append's entries (for retried appends).
+        full_line: the last full listing line, and ``full_end`` the offset after it (``_info.py``).
     """
 
     dev: int
@@ -232,13 +232,25 @@ class JTail:
     version: int | None
     info_line: bytes
     last: list[j.Entry]
+    full_line: bytes = b""
+    full_end: int = 0
 
     @classmethod
     def of(cls, st: os.stat_result, p: Parsed) -> JTail:
         """The tail state of a file whose fstat is ``st`` and whose bytes gave ``p``."""
         return cls(
-            st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, p.end, p.length, p.version, p.info_line, p.last
-        )
+            st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, p.end, p.length, p.version, p.info_line, p.last,
+            p.full_line, p.full_end,
+        )  # fmt: skip
+
+
+def tail_record(tail: JTail) -> dict[str, Any]:
+    """The whole listing record of the journal's last complete append.
+
+    Raises:
+        ValueError, KeyError, TypeError: no complete append, or a damaged listing line.
+    """
+    return record(tail.info_line, tail.full_line, tail.last, tail.length)
 
 
 @dataclass(slots=True)
@@ -286,6 +298,8 @@ def refresh_journal(run_id: str, fd: int, st: os.stat_result, cached: JTail | No
         )
         if not p.info_line:
             p.info_line, p.last = cached.info_line, cached.last
+        if not p.full_line:
+            p.full_line, p.full_end = cached.full_line, cached.full_end
     else:
         p = scan_tail(run_id, fd, st.st_size)
     return JTail.of(st, p)

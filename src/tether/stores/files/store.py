@@ -55,6 +55,7 @@ from ..base import (
 )
 from . import _lock as fl
 from . import _tail as ft
+from ._info import full_record, listing_line
 from ._listing import STRIPES, FileListing, Held, owner_in
 
 __all__ = ["FileStore"]
@@ -227,7 +228,9 @@ class FileStore(FileListing):
                 if os.path.lexists(jpath):
                     raise _exists(run_id)
                 token = fl.as_int(fl.read_lock(fd).get("token")) + 1 if owner is not None else None
-                data, info_line = fl.encode_append(entries, info, len(entries), token)
+                lines = [j.encode_entry(e, run_id) for e in entries]
+                info_line = listing_line(entries, lines, info, len(entries), token, None, 0)
+                data = fl.append_bytes(lines, info_line)
                 self._jtails.pop(run_id, None)
                 self._itails.pop(run_id, None)
                 with contextlib.suppress(FileNotFoundError):
@@ -239,7 +242,7 @@ class FileStore(FileListing):
                     raise _exists(run_id) from None
                 linked = True
                 version = entries[0].version if isinstance(entries[0], j.RunStarted) else None
-                parsed = ft.Parsed([], len(data), len(entries), version, info_line, entries)
+                parsed = ft.Parsed([], len(data), len(entries), version, info_line, entries, info_line, len(data))
                 self._jtails[run_id] = ft.JTail.of(st, parsed)
                 if owner is None or token is None:
                     return None
@@ -306,8 +309,11 @@ class FileStore(FileListing):
         new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
         if not new:
             return  # a retried append that was stored whole
-        data, info_line = fl.encode_append(new, info, n + len(new), token)
         end = tail.end
+        lines = [j.encode_entry(e, run_id) for e in new]
+        last_full = _last_full(tail)
+        info_line = listing_line(new, lines, info, n + len(new), token, last_full, end - tail.full_end)
+        data = fl.append_bytes(lines, info_line)
         try:
             fl.cut_torn(fd, end, st.st_size)  # a torn append goes (never below a complete one) before writing
             if fp.ACTIVE:
@@ -326,7 +332,9 @@ class FileStore(FileListing):
         if fp.ACTIVE and fp.hits("after_append", new):
             fp.die()
         version = new[0].version if isinstance(new[0], j.RunStarted) else tail.version
-        parsed = ft.Parsed([], end + len(data), n + len(new), version, info_line, new)
+        parsed = ft.Parsed([], end + len(data), n + len(new), version, info_line, new, tail.full_line, tail.full_end)
+        if info_line.startswith(ft.INFO_PREFIX):
+            parsed.full_line, parsed.full_end = info_line, end + len(data)
         self._jtails[run_id] = ft.JTail.of(os.fstat(fd), parsed)
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
@@ -437,8 +445,8 @@ class FileStore(FileListing):
     def _journal_token(self, run_id: str, jpath: str) -> int:
         """The token in the journal's last listing line (0 when it cannot be read)."""
         try:
-            line = self._journal_tail(run_id, jpath).info_line
-            return fl.as_int(orjson.loads(line)["info"].get("token")) if line else 0
+            tail = self._journal_tail(run_id, jpath)
+            return fl.as_int(ft.tail_record(tail).get("token")) if tail.info_line else 0
         except (ValueError, KeyError, TypeError, AttributeError):
             return 0
 
@@ -529,6 +537,14 @@ def _stored(run_id: str, fd: int, tail: ft.JTail, first: int, end: int) -> list[
         data = fl.pread_all(fd, tail.end, 0)
         found = ft.parse_forward(run_id, data, base=0, seq=0, version=None, keep=True).entries[first:end]
     return [stored_entry(entry) for entry in found]
+
+
+def _last_full(tail: ft.JTail) -> dict[str, Any] | None:
+    """The record of the journal's last full listing line, or None (then the next line is a full one)."""
+    try:
+        return full_record(tail.full_line) if tail.full_line else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _exists(run_id: str) -> ValueError:

@@ -226,7 +226,7 @@ class PostgresStore(Store):
 
     @staticmethod
     def _insert(conn: Conn, run_id: str, entries: Sequence[j.Entry]) -> None:
-        rows = [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries]
+        rows = [(run_id, entry.seq, j.encode_entry(entry, run_id)) for entry in entries]
         conn.cursor().executemany("INSERT INTO entries (run_id, seq, body) VALUES (%s, %s, %s)", rows)
 
     @staticmethod
@@ -330,11 +330,11 @@ class PostgresStore(Store):
         if after_seq < 0:
             return j.decode_journal(run_id, (bytes(body) for _, body in rows))
         version = (
-            orjson.loads(rows[0][1]).get("version", j.FORMAT_VERSION) if rows and rows[0][0] == 0 else None
+            orjson.loads(rows[0][1]).get("version") if rows and rows[0][0] == 0 else None
         )
         out: builtins.list[j.Entry] = []
         for expected, (_, body) in enumerate((r for r in rows if r[0] > after_seq), start=after_seq + 1):
-            entry = j.decode_entry(bytes(body), run_id, journal_version=version or j.FORMAT_VERSION)
+            entry = j.decode_entry(bytes(body), run_id, journal_version=version)
             if entry.seq != expected:
                 raise CorruptJournalError(run_id, entry.seq, f"expected seq {expected} here")
             out.append(entry)

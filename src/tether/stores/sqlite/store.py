@@ -280,7 +280,7 @@ class SQLiteStore(Store):
     def _insert(conn: sqlite3.Connection, run_id: str, entries: Iterable[j.Entry]) -> None:
         conn.executemany(
             "INSERT INTO entries (run_id, seq, body) VALUES (?, ?, ?)",
-            [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries],
+            [(run_id, entry.seq, j.encode_entry(entry, run_id)) for entry in entries],
         )
 
     def append(
@@ -335,7 +335,7 @@ class SQLiteStore(Store):
         if after_seq < 0:
             return j.decode_journal(run_id, (body for _, body in rows))
         first = orjson.loads(rows[0][1]) if rows[0][0] == 0 else {}  # run_started: the journal's version
-        version = first.get("version", j.FORMAT_VERSION)
+        version = first.get("version")
         out: list[j.Entry] = []
         for expected, (_, body) in enumerate((r for r in rows if r[0] > after_seq), start=after_seq + 1):
             entry = j.decode_entry(body, run_id, journal_version=version)

@@ -210,7 +210,7 @@ def test_killed_idle_connections_and_posts_are_retried(dsn: str) -> None:
     for round_ in range(5):
         time.sleep(0.1)
         assert _kill_backends(dsn, app) >= 1  # every pooled connection dies while idle
-        _append(store, "k1", lease, _batch(seq, 2, writer))
+        _append(store, "k1", lease, _batch(seq, 2, writer, run_id="k1"))
         seq += 2
         assert store.post("k1", {"type": "message"}, item_id=f"m{round_}") == round_
         assert store.post("k1", {"type": "message"}, item_id=f"m{round_}") == round_

@@ -124,7 +124,7 @@ def test_a_worker_never_claims_a_child_run(
     agent = _adder(store, ExecutionLog(tmp_path / "exec.jsonl"))
     writer = j.new_writer_id()
     at = j.now_iso()
-    root = j.seal([j.RunStarted(seq=0, at=at, agent="adder", root_id="root")], writer)
+    root = j.seal([j.RunStarted(seq=0, at=at, agent="adder", root_id="root")], writer, run_id="root")
     store.create("root", root, _info("root", status="completed"))
     child = j.seal(
         [
@@ -132,6 +132,7 @@ def test_a_worker_never_claims_a_child_run(
             j.MessageAdded(seq=1, at=at, content=[{"type": "text", "text": "sub task"}]),
         ],
         writer,
+        run_id="child",
     )
     store.create("child", child, _info("child", parent_id="root"))  # running, no holder: but a child
     worker = Worker([agent], store, concurrency=2, poll_interval=0.1)

@@ -77,6 +77,38 @@ them (``tests/test_journal_format.py``).
 
 assert all(FIELDS[cls][: len(ENVELOPE)] == ENVELOPE for cls in KINDS.values())
 
+_REQUIRED = object()  # a field without a default: a line without it cannot be read
+
+
+def _builder(cls: type[Entry]) -> Any:
+    """A fast ``cls(**obj)`` for decoded objects: slots set directly, no keyword parsing (a load makes 30,000)."""
+    plain, made = [], []
+    for f in dataclasses.fields(cls):
+        setter = getattr(cls, f.name).__set__
+        if f.default_factory is not dataclasses.MISSING:
+            made.append((setter, f.name, f.default_factory))
+        else:
+            plain.append((setter, f.name, _REQUIRED if f.default is dataclasses.MISSING else f.default))
+    new = object.__new__
+
+    def build(obj: dict[str, Any]) -> Entry:
+        entry = new(cls)
+        get = obj.get
+        for setter, name, default in plain:
+            value = get(name, default)
+            if value is _REQUIRED:
+                raise TypeError(f"missing field {name!r}")
+            setter(entry, value)
+        for setter, name, factory in made:
+            value = get(name, _REQUIRED)
+            setter(entry, factory() if value is _REQUIRED else value)
+        return entry
+
+    return build
+
+
+_BUILD = {cls: _builder(cls) for cls in KINDS.values()}
+
 
 def short_writer(writer: str) -> str:
     """The ``w`` of a format-3 entry: the writer id's first 16 hex digits (a shorter id is hashed to 16)."""
@@ -239,8 +271,9 @@ def _decode3(raw: bytes, run_id: str, journal_version: int | None, expected_seq:
     if not obj.keys() <= FIELD_SETS[cls]:
         unknown = sorted(obj.keys() - FIELD_SETS[cls])
         raise CorruptJournalError(run_id, seq, f"unknown fields {unknown} in a {cls.kind} entry")
+    obj["h"] = h
     try:
-        return cls(h=h, **obj)
+        return _BUILD[cls](obj)  # type: ignore[no-any-return]
     except TypeError as exc:
         raise CorruptJournalError(run_id, seq, f"a {cls.kind} entry cannot be read ({exc})") from None
 

@@ -78,6 +78,8 @@ def decode_legacy(obj: dict[str, Any], run_id: str, version: int, seq: int) -> E
     w = obj.pop("w", "")
     if h != legacy_checksum(obj):
         raise CorruptJournalError(run_id, seq, "the entry fails its checksum")
+    if kind == "run_started":
+        obj.setdefault("version", version)  # a run_started written without one: its journal's format
     while version < LEGACY_VERSION:
         obj = _MIGRATIONS[version](obj)
         version += 1

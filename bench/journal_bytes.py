@@ -77,7 +77,7 @@ def file_bytes(root: Path, turns: int) -> dict[str, float]:
     _drive(store, "bench", turns)
     facts = _facts(store, "bench", turns)
     lines = (folder / "bench.jsonl").read_bytes().splitlines()
-    info = [line for line in lines if line.startswith(b'{"info"')]
+    info = [line for line in lines if line.startswith((b'{"info"', b'{"i":'))]  # full and short
     store.close()
     shutil.rmtree(folder)
     return {

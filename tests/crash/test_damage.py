@@ -116,7 +116,7 @@ def test_a_damaged_last_append_does_not_break_the_listing(finished_run: tuple[Pa
     ok(run("start", runs, "other", side, "chat"))
     n = entry_line(journal, 7)
     line = bytearray(lines_of(journal)[n])
-    line[line.index(b"completed")] ^= 0x02
+    line[line.index(b"answer")] ^= 0x02
     rewrite_line(journal, n, bytes(line))
     listed = {info.id: info.status for info in FileStore(runs).list()}
     assert listed["other"] == "completed"

@@ -17,6 +17,7 @@ from __future__ import annotations
 from .codec import (
     DEFAULTS,
     FORMAT_VERSION,
+    LineDecoder,
     checksum,
     decode_entry,
     decode_journal,
@@ -93,6 +94,7 @@ __all__ = [
     "Effect",
     "Entry",
     "InboxSkipped",
+    "LineDecoder",
     "MessageAdded",
     "ModelFailed",
     "ModelReplied",

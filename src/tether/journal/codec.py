@@ -34,6 +34,7 @@ from .vocabulary import idempotency_key_for, iso_from_micros, micros_from_iso
 __all__ = [
     "DEFAULTS",
     "FORMAT_VERSION",
+    "LineDecoder",
     "checksum",
     "decode_entry",
     "decode_journal",
@@ -329,6 +330,53 @@ def _decode_legacy_obj(
     return decode_legacy(obj, run_id, version, seq)
 
 
+class LineDecoder:
+    """``decode_entry`` for the lines of one run, fast for the usual format-3 line (a load decodes 30,000).
+
+    Its hasher is made once; a line that is not the usual case (another format, a ``run_started``, a
+    ``v``, anything that fails a check) goes through ``decode_entry``, which raises the exact error.
+    """
+
+    __slots__ = ("_hasher", "run_id")
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._hasher = _hasher(run_id)
+
+    def __call__(self, raw: bytes, journal_version: int | None, expected_seq: int | None) -> Entry:
+        """Decode and check one line (see ``decode_entry``)."""
+        if raw[:6] == _PREFIX and journal_version is not None and journal_version >= FORMAT_VERSION:
+            try:
+                obj = _loads(raw)
+            except orjson.JSONDecodeError:
+                obj = None
+            if obj.__class__ is dict and "v" not in obj and obj["seq"].__class__ is int:
+                cls = KINDS.get(obj.pop("kind", ""))
+                hasher = self._hasher.copy()
+                hasher.update(memoryview(raw)[_REST:])
+                if (
+                    cls is not None
+                    and cls is not RunStarted
+                    and raw[_H_END:_REST] == b'",'
+                    and _b64(hasher.digest(), newline=False) == raw[6:_H_END]
+                ):
+                    at = obj["at"]
+                    if at.__class__ is int:
+                        obj["at"] = iso_from_micros(at)
+                    if cls is ToolStarted and "idempotency_key" not in obj:
+                        obj["idempotency_key"] = idempotency_key_for(self.run_id, obj.get("call_id", ""))
+                    if obj.keys() <= FIELD_SETS[cls]:
+                        try:
+                            return _BUILD[cls](obj)  # type: ignore[no-any-return]
+                        except TypeError:
+                            pass
+        return decode_entry(raw, self.run_id, journal_version=journal_version, expected_seq=expected_seq)
+
+
+_loads = orjson.loads
+_b64 = binascii.b2a_base64
+
+
 def decode_journal(run_id: str, raws: Iterable[bytes | str | dict[str, Any]]) -> list[Entry]:
     """Decode a whole journal, checking that seqs count from 0 without gaps.
 
@@ -336,8 +384,12 @@ def decode_journal(run_id: str, raws: Iterable[bytes | str | dict[str, Any]]) ->
     """
     entries: list[Entry] = []
     version: int | None = None
+    decode = LineDecoder(run_id)
     for expected, raw in enumerate(raws):
-        entry = decode_entry(raw, run_id, journal_version=version, expected_seq=expected)
+        if raw.__class__ is bytes:
+            entry = decode(raw, version, expected)  # type: ignore[arg-type]
+        else:
+            entry = decode_entry(raw, run_id, journal_version=version, expected_seq=expected)
         if entry.seq != expected:
             raise CorruptJournalError(run_id, entry.seq, f"expected seq {expected} here")
         if entry.__class__ is RunStarted:

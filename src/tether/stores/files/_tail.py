@@ -15,7 +15,7 @@ import orjson
 
 from ... import journal as j
 from ...errors import CorruptJournalError
-from ._info import FULL_PREFIX, is_listing, record
+from ._info import FULL_PREFIX, SHORT_PREFIX, is_listing, record
 from ._lock import BLOCK, pread_all
 
 __all__ = [
@@ -35,6 +35,9 @@ __all__ = [
 
 INFO_PREFIX = FULL_PREFIX
 """How a journal's full listing line begins (``_info.py``; an entry line begins with ``{"h"`` or ``{"kind"``)."""
+
+LISTING = (FULL_PREFIX, SHORT_PREFIX)
+"""How a listing line begins (either kind), for ``bytes.startswith``."""
 
 RESCAN_OVER = 1 << 16
 """Past this many new bytes, a cached tail is rebuilt from the last block rather than every new line."""
@@ -87,11 +90,12 @@ def parse_forward(
     entries: list[j.Entry] = []
     pending: list[j.Entry] = []
     out = Parsed(entries, base, seq, version)
+    decode = j.LineDecoder(run_id)
     expect: int | None = None  # None: an append begins; -1: its listing line is due; k: the next b
     pos = 0
     for line in data.split(b"\n")[:-1]:
         pos += len(line) + 1
-        if is_listing(line):
+        if line.startswith(LISTING):
             if expect != -1:
                 raise _corrupt(run_id, seq, "a listing line is out of place before this entry")
             if keep:
@@ -104,7 +108,7 @@ def parse_forward(
             continue
         if expect == -1:
             raise _corrupt(run_id, seq, "the append before this entry has no listing line")
-        entry = j.decode_entry(line, run_id, journal_version=version, expected_seq=seq)
+        entry = decode(line, version, seq)
         b = entry.b
         if b.__class__ is not int or b < 0 or (expect is not None and b != expect):
             raise _corrupt(
@@ -112,8 +116,8 @@ def parse_forward(
             )
         if entry.seq != seq:
             raise _corrupt(run_id, entry.seq, f"expected seq {seq} here")
-        if isinstance(entry, j.RunStarted):
-            version = entry.version
+        if entry.__class__ is j.RunStarted:
+            version = entry.version  # type: ignore[attr-defined]
             out.version = version
         pending.append(entry)
         seq += 1

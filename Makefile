@@ -34,6 +34,8 @@ bench: $(STAMP)
 	$(PY) bench/listing.py
 	$(PY) bench/import_time.py
 	$(PY) bench/tracing.py
+	$(PY) bench/journal_bytes.py
+	$(PY) bench/load.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache

@@ -83,7 +83,9 @@ def main() -> None:
         raise SystemExit("valgrind is not installed. Fix: apt-get install -y valgrind")
     trees = args.tree or [str(Path(__file__).resolve().parent.parent / "src")]
     entries = 3 * args.turns + 5
-    print(f"python {sys.version.split()[0]}; {args.turns} one-call turns ({entries} entries); instructions per entry")
+    print(
+        f"python {sys.version.split()[0]}; {args.turns} one-call turns ({entries} entries); instructions per entry"
+    )
     print(f"{'tree':60}  {'file':>8}  {'sqlite':>8}  {'decode only':>11}")
     for tree in trees:
         folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)

@@ -428,7 +428,14 @@ def test_unsealed_entries_are_refused(tmp_path: Path) -> None:
         store.append("r1", [entry], expected_seq=2, writer="w", lease_token=lease.token, info={})
     store.append("r1", [], expected_seq=2, writer="w", lease_token=lease.token, info={})  # nothing to do
     with pytest.raises(ValueError, match="sealed batch"):
-        store.append("r1", j.seal([entry], "w", run_id="r1")[::-1] * 2, expected_seq=2, writer="w", lease_token=1, info={})
+        store.append(
+            "r1",
+            j.seal([entry], "w", run_id="r1")[::-1] * 2,
+            expected_seq=2,
+            writer="w",
+            lease_token=1,
+            info={},
+        )
     assert store.length("r1") == 2
 
 
@@ -465,7 +472,8 @@ def test_bit_flip_in_a_middle_line_is_corruption(tmp_path: Path) -> None:
     flipped = data.replace(b"hello 1", b"hellp 1")
     path.write_bytes(flipped)
     with pytest.raises(
-        CorruptJournalError, match=r"run r1 seq 2 is damaged: the entry fails its checksum \(it is damaged, or of another run\)\. Fix"
+        CorruptJournalError,
+        match=r"run r1 seq 2 is damaged: the entry fails its checksum \(it is damaged, or of another run\)\. Fix",
     ):
         FileStore(tmp_path).read("r1")
     path.write_bytes(data.replace(b'"hello 1"', b'"hello 1'))  # no longer JSON

@@ -148,7 +148,9 @@ def test_a_cut_journal_loads_its_complete_appends_and_a_resume_finishes_it(data:
         assert [e.h for e in again.history] == [e.h for e in resumed.history]
         repaired = (Path(store.path) / f"{RUN}.jsonl").read_bytes()
         assert repaired.startswith(made.data[:end]), "every complete append is kept, byte for byte"
-        after = [line for line in repaired[end:].split(b"\n")[:-1] if not line.startswith((b'{"info"', b'{"i":'))]
+        after = [
+            line for line in repaired[end:].split(b"\n")[:-1] if not line.startswith((b'{"info"', b'{"i":'))
+        ]
         assert [j.decode_entry(line, RUN).h for line in after] == [e.h for e in again.history[kept:]], (
             "after the kept appends come only the resume's entries: the torn bytes were cut off"
         )

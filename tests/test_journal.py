@@ -64,7 +64,9 @@ def test_every_kind_round_trips_through_the_codec() -> None:
     sealed = j.seal(entries, "w" * 32, run_id=RUN)
     decoded = j.decode_journal(RUN, [j.encode_entry(e) for e in sealed])
     assert decoded == sealed
-    assert [j.encode_entry(e, RUN) for e in decoded] == [j.encode_entry(e) for e in sealed], "encoded again alike"
+    assert [j.encode_entry(e, RUN) for e in decoded] == [j.encode_entry(e) for e in sealed], (
+        "encoded again alike"
+    )
     for entry in decoded:
         assert isinstance(entry.seq, int) and entry.kind and entry.at
 
@@ -90,7 +92,9 @@ def test_checksum_covers_every_byte_but_its_own_and_the_run_id() -> None:
         bad = {**orjson.loads(line), field: value}
         with pytest.raises(CorruptJournalError, match=rf"run {RUN} seq 2 .*checksum.*Fix:"):
             j.decode_entry(orjson.dumps(bad), RUN)
-    with pytest.raises(CorruptJournalError, match=r"run other seq 2 .*checksum \(it is damaged, or of another run\)"):
+    with pytest.raises(
+        CorruptJournalError, match=r"run other seq 2 .*checksum \(it is damaged, or of another run\)"
+    ):
         j.decode_entry(line, "other")
 
 
@@ -183,7 +187,9 @@ def test_call_ids_and_keys() -> None:
     assert re.fullmatch(r"[0-9a-f]{32}", j.new_writer_id())
 
 
-def test_a_format_1_journal_loads_and_what_this_tether_appends_is_format_2_marked_newer(tmp_path: Path) -> None:
+def test_a_format_1_journal_loads_and_what_this_tether_appends_is_format_2_marked_newer(
+    tmp_path: Path,
+) -> None:
     from tether import Agent, FileStore
     from tether.testing import ScriptedModel
     from tether.writing import JournalWriter

@@ -86,7 +86,9 @@ def test_a_truncated_last_append_is_left_out_and_repaired_on_resume(
     again = FileStore(runs).load("r")
     assert again.status == "completed" and again.answer == "answer: done:5"
     assert [e.seq for e in again.history] == list(range(len(again.history)))
-    assert journal.read_bytes().startswith(data[: data.rfind(b"\n", 0, data.find(b'"kind":"model_replied","seq":6')) + 1])
+    assert journal.read_bytes().startswith(
+        data[: data.rfind(b"\n", 0, data.find(b'"kind":"model_replied","seq":6')) + 1]
+    )
 
 
 @pytest.mark.parametrize("where", ["value", "structure"])

@@ -259,7 +259,9 @@ def _decode3(raw: bytes, run_id: str, journal_version: int | None, expected_seq:
     if journal_version is not None and journal_version < FORMAT_VERSION:
         raise CorruptJournalError(run_id, seq, f"a format-3 entry in a format-{journal_version} journal")
     if raw[_H_END:_REST] != b'",' or line_checksum(run_id, memoryview(raw)[_REST:]) != raw[6:_H_END]:
-        raise CorruptJournalError(run_id, seq, "the entry fails its checksum (it is damaged, or of another run)")
+        raise CorruptJournalError(
+            run_id, seq, "the entry fails its checksum (it is damaged, or of another run)"
+        )
     h = obj.pop("h")
     cls = KINDS.get(obj.pop("kind", None))  # type: ignore[arg-type]
     if cls is None:

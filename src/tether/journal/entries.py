@@ -48,8 +48,6 @@ class _Line:
     __slots__ = ("_line",)
 
 
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Entry(_Line):
     """One journal entry. Subclasses add the fields of their kind.

@@ -19,7 +19,14 @@ import orjson
 from ..errors import CorruptJournalError
 from .entries import FIELD_SETS, FIELDS, KINDS, VALUES, Entry
 
-__all__ = ["LEGACY_VERSION", "decode_legacy", "encode_legacy", "entry_to_dict", "legacy_checksum", "seal_legacy"]
+__all__ = [
+    "LEGACY_VERSION",
+    "decode_legacy",
+    "encode_legacy",
+    "entry_to_dict",
+    "legacy_checksum",
+    "seal_legacy",
+]
 
 LEGACY_VERSION = 2
 """The newest of the formats this module reads and writes."""

@@ -135,15 +135,16 @@ def idempotency_key_for(run_id: str, call_id: str) -> str:
     return f"tether:{run_id}:{call_id}"
 
 
-
-
 def host_and_pid() -> tuple[str, int]:
     """This process's host name and pid, as recorded in leases and ``run_resumed``."""
     return os.uname().nodename, os.getpid()
 
 
 _EPOCH = datetime(1970, 1, 1)
-_last_second: tuple[int, str] = (0, "1970-01-01T00:00:00")  # the last second formatted (one tuple: thread-safe)
+_last_second: tuple[int, str] = (
+    0,
+    "1970-01-01T00:00:00",
+)  # the last second formatted (one tuple: thread-safe)
 
 
 def micros_from_iso(at: str) -> int | None:

@@ -242,7 +242,9 @@ class FileStore(FileListing):
                     raise _exists(run_id) from None
                 linked = True
                 version = entries[0].version if isinstance(entries[0], j.RunStarted) else None
-                parsed = ft.Parsed([], len(data), len(entries), version, info_line, entries, info_line, len(data))
+                parsed = ft.Parsed(
+                    [], len(data), len(entries), version, info_line, entries, info_line, len(data)
+                )
                 self._jtails[run_id] = ft.JTail.of(st, parsed)
                 if owner is None or token is None:
                     return None
@@ -332,7 +334,9 @@ class FileStore(FileListing):
         if fp.ACTIVE and fp.hits("after_append", new):
             fp.die()
         version = new[0].version if isinstance(new[0], j.RunStarted) else tail.version
-        parsed = ft.Parsed([], end + len(data), n + len(new), version, info_line, new, tail.full_line, tail.full_end)
+        parsed = ft.Parsed(
+            [], end + len(data), n + len(new), version, info_line, new, tail.full_line, tail.full_end
+        )
         if info_line.startswith(ft.INFO_PREFIX):
             parsed.full_line, parsed.full_end = info_line, end + len(data)
         self._jtails[run_id] = ft.JTail.of(os.fstat(fd), parsed)

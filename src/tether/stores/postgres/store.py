@@ -329,9 +329,7 @@ class PostgresStore(Store):
                           "ORDER BY seq", after_seq)  # fmt: skip
         if after_seq < 0:
             return j.decode_journal(run_id, (bytes(body) for _, body in rows))
-        version = (
-            orjson.loads(rows[0][1]).get("version") if rows and rows[0][0] == 0 else None
-        )
+        version = orjson.loads(rows[0][1]).get("version") if rows and rows[0][0] == 0 else None
         out: builtins.list[j.Entry] = []
         for expected, (_, body) in enumerate((r for r in rows if r[0] > after_seq), start=after_seq + 1):
             entry = j.decode_entry(bytes(body), run_id, journal_version=version)

@@ -238,7 +238,9 @@ def test_a_worker_paused_past_its_lease_is_fenced_and_runs_no_further_tool(dsn: 
     history = store.read(run_id)
     a_writer = next(r["writer"] for r in records if r["pid"] == first.pid)
     b_mark = next(e for e in history if isinstance(e, j.RunResumed) and e.pid == second.pid)
-    assert not [e for e in history[b_mark.seq :] if e.w == j.short_writer(a_writer)]  # A's late append was refused
+    assert not [
+        e for e in history[b_mark.seq :] if e.w == j.short_writer(a_writer)
+    ]  # A's late append was refused
     assert b_mark.token > next(r["token"] for r in records if r["pid"] == first.pid)
     finished = [(e.call_id, e.outcome) for e in history if isinstance(e, j.ToolFinished)]
     assert len(finished) == 2 and len({c for c, _ in finished}) == 2 and {o for _, o in finished} == {"done"}

@@ -194,3 +194,21 @@ def test_a_writer_of_a_format_2_journal_seals_format_2() -> None:
     batch = old.next_batch()
     assert all(len(e.w) == 32 and j.encode_entry(e).startswith(b'{"kind"') for e in batch)
     assert j.decode_journal("r", [j.encode_entry(e) for e in batch]) == batch
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"kind": ["message"]}, "unknown entry kind"),
+        ({"seq": "1"}, "no integer seq"),
+    ],
+)
+def test_an_odd_line_with_a_valid_checksum_is_corruption_not_a_crash(
+    change: dict[str, Any], problem: str
+) -> None:
+    (started,) = j.seal([j.RunStarted(seq=0, at=j.now_iso())], "w" * 32, run_id="r")
+    (entry,) = j.seal([j.MessageAdded(seq=1, at=j.now_iso())], "w" * 32, run_id="r")
+    obj = {**orjson.loads(j.encode_entry(entry)), **change}
+    obj["h"] = j.checksum(obj, "r")
+    with pytest.raises(CorruptJournalError, match=rf"run r seq \d+ is damaged: .*{problem}"):
+        j.decode_journal("r", [j.encode_entry(started), orjson.dumps(obj)])

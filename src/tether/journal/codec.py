@@ -263,12 +263,16 @@ def _decode3(raw: bytes, run_id: str, journal_version: int | None, expected_seq:
             run_id, seq, "the entry fails its checksum (it is damaged, or of another run)"
         )
     h = obj.pop("h")
-    cls = KINDS.get(obj.pop("kind", None))  # type: ignore[arg-type]
+    kind = obj.pop("kind", None)
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise CorruptJournalError(run_id, seq, "unknown entry kind")
+        raise CorruptJournalError(run_id, seq, f"unknown entry kind {kind!r}")
     at = obj.get("at")
     if at.__class__ is int:
-        obj["at"] = iso_from_micros(at)
+        try:
+            obj["at"] = iso_from_micros(at)
+        except (OverflowError, OSError, ValueError):
+            raise CorruptJournalError(run_id, seq, f"its time {at} is out of range") from None
     if cls is ToolStarted and "idempotency_key" not in obj:
         obj["idempotency_key"] = idempotency_key_for(run_id, obj.get("call_id", ""))
     if not obj.keys() <= FIELD_SETS[cls]:
@@ -349,30 +353,33 @@ class LineDecoder:
         """Decode and check one line (see ``decode_entry``)."""
         if raw[:6] == _PREFIX and journal_version is not None and journal_version >= FORMAT_VERSION:
             try:
-                obj = _loads(raw)
-            except orjson.JSONDecodeError:
-                obj = None
-            if obj.__class__ is dict and "v" not in obj and obj["seq"].__class__ is int:
-                cls = KINDS.get(obj.pop("kind", ""))
-                hasher = self._hasher.copy()
-                hasher.update(memoryview(raw)[_REST:])
-                if (
-                    cls is not None
-                    and cls is not RunStarted
-                    and raw[_H_END:_REST] == b'",'
-                    and _b64(hasher.digest(), newline=False) == raw[6:_H_END]
-                ):
-                    at = obj["at"]
-                    if at.__class__ is int:
-                        obj["at"] = iso_from_micros(at)
-                    if cls is ToolStarted and "idempotency_key" not in obj:
-                        obj["idempotency_key"] = idempotency_key_for(self.run_id, obj.get("call_id", ""))
-                    if obj.keys() <= FIELD_SETS[cls]:
-                        try:
-                            return _BUILD[cls](obj)  # type: ignore[no-any-return]
-                        except TypeError:
-                            pass
+                entry = self._usual(raw)
+            except Exception:  # anything unusual: decode_entry raises the exact error
+                entry = None
+            if entry is not None:
+                return entry
         return decode_entry(raw, self.run_id, journal_version=journal_version, expected_seq=expected_seq)
+
+    def _usual(self, raw: bytes) -> Entry | None:
+        obj = _loads(raw)
+        if obj.__class__ is not dict or "v" in obj or obj.get("seq").__class__ is not int:
+            return None
+        kind = obj.pop("kind", None)
+        cls = KINDS.get(kind) if kind.__class__ is str else None
+        if cls is None or cls is RunStarted or raw[_H_END:_REST] != b'",':
+            return None
+        hasher = self._hasher.copy()
+        hasher.update(memoryview(raw)[_REST:])
+        if _b64(hasher.digest(), newline=False) != raw[6:_H_END]:
+            return None
+        at = obj.get("at")
+        if at.__class__ is int:
+            obj["at"] = iso_from_micros(at)
+        if cls is ToolStarted and "idempotency_key" not in obj:
+            obj["idempotency_key"] = idempotency_key_for(self.run_id, obj.get("call_id", ""))
+        if not obj.keys() <= FIELD_SETS[cls]:
+            return None
+        return _BUILD[cls](obj)  # type: ignore[no-any-return]
 
 
 _loads = orjson.loads

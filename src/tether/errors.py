@@ -5,6 +5,9 @@ Every message has the form ``what went wrong. Fix: what to do``; the message is 
 
 from __future__ import annotations
 
+import errno as _errno
+import os as _os
+
 __all__ = [
     "ConflictError",
     "CorruptJournalError",
@@ -14,6 +17,8 @@ __all__ = [
     "RunBusyError",
     "RunNotFoundError",
     "StoreBrokenError",
+    "StoreFullError",
+    "StoreLockedError",
     "TetherError",
 ]
 
@@ -85,6 +90,38 @@ class NewerFormatError(TetherError, ValueError):
 
 class StoreBrokenError(TetherError, OSError):
     """A failed write could not be undone; this process refuses further appends to the run."""
+
+
+class StoreFullError(TetherError, OSError):
+    """A write found no room: a full disk or quota, or a SQLite file at its size limit.
+
+    The write was refused whole: what was saved before it is kept, and the State still holds what it did
+    not save (``store.save(state)`` writes it once there is room). ``errno`` is ``ENOSPC`` (or ``EDQUOT``),
+    so ``except OSError`` still catches it; ``filename`` is the file that was being written.
+    """
+
+    def __init__(
+        self, message: str, *, run_id: str = "", code: int = _errno.ENOSPC, filename: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.errno = code
+        self.strerror = _os.strerror(code)
+        self.filename = filename
+
+    def __str__(self) -> str:  # OSError would prefix "[Errno 28]"
+        return str(self.args[0])
+
+
+class StoreLockedError(TetherError, TimeoutError):
+    """Another process kept the store locked (a SQLite write transaction) for longer than the store waits."""
+
+    def __init__(self, message: str, *, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.filename = filename
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ModelError(TetherError):

@@ -28,6 +28,7 @@ writes; ``torn_append`` writes about half of the append's bytes (cut inside a li
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import os
@@ -42,11 +43,11 @@ from typing import Any
 import orjson
 
 from ... import journal as j
-from ...errors import RunBusyError, RunNotFoundError, StoreBrokenError
+from ...errors import RunBusyError, RunNotFoundError, StoreBrokenError, StoreFullError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .._planner import Stored, plan_append, stored_entry
-from .._records import lease_lost_error
+from .._records import full_error, lease_lost_error, no_room
 from ..base import (
     Lease,
     Owner,
@@ -247,10 +248,12 @@ class FileStore(FileListing):
                 self._held[run_id] = Held(fd, token, owner)
                 kept = True
                 return Lease(run_id, token, owner, None)
-            except BaseException:
+            except BaseException as exc:
                 if not linked:
                     with contextlib.suppress(OSError):
                         os.unlink(ipath)
+                if no_room(exc):
+                    raise _full(run_id, jpath if linked else tmp, exc) from exc
                 raise
             finally:
                 if not kept:
@@ -320,8 +323,10 @@ class FileStore(FileListing):
                 f"run {run_id}: {exc.strerror}. Fix: stop this process and resume the run from a new one (its "
                 "first append repairs the file)"
             ) from exc.__cause__
-        except BaseException:
+        except BaseException as exc:
             self._jtails.pop(run_id, None)
+            if no_room(exc):
+                raise _full(run_id, self._paths(run_id)[0], exc) from exc
             raise
         if fp.ACTIVE and fp.hits("after_append", new):
             fp.die()
@@ -374,8 +379,10 @@ class FileStore(FileListing):
             try:
                 fl.cut_torn(fd, tail.end, tail.size)  # a torn line goes first
                 fl.write_at(fd, line, tail.end)
-            except OSError:
+            except OSError as exc:
                 self._itails.pop(run_id, None)
+                if no_room(exc):
+                    raise _full(run_id, ipath, exc) from exc
                 raise
             after = os.fstat(fd)
             tail.offsets.append(tail.end)
@@ -529,6 +536,12 @@ def _stored(run_id: str, fd: int, tail: ft.JTail, first: int, end: int) -> list[
         data = fl.pread_all(fd, tail.end, 0)
         found = ft.parse_forward(run_id, data, base=0, seq=0, version=None, keep=True).entries[first:end]
     return [stored_entry(entry) for entry in found]
+
+
+def _full(run_id: str, path: str, exc: BaseException) -> StoreFullError:
+    """The StoreFullError of a write to ``path`` that failed with ``ENOSPC`` or ``EDQUOT`` (``exc``)."""
+    assert isinstance(exc, OSError)
+    return full_error(run_id, path, exc.strerror or str(exc), exc.errno or errno.ENOSPC)
 
 
 def _exists(run_id: str) -> ValueError:

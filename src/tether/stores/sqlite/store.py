@@ -11,7 +11,7 @@ Four tables (schema version in ``PRAGMA user_version``, migrations applied in or
 - ``run_metadata``: ``(run_id, key, value)``, each metadata pair of a run, written at create, indexed by pair.
 
 Connections use WAL, ``synchronous=FULL``, a busy timeout and ``isolation_level=None``; every write is
-``BEGIN IMMEDIATE … COMMIT``, so posts, appends, claims and releases on one run serialize on the database's
+``BEGIN IMMEDIATE … COMMIT`` (``_txn``: waiting out another process's write up to ``lock_timeout``), so posts, appends, claims and releases on one run serialize on the database's
 write lock and each is all or nothing. Numbers (``seq``, ``inbox_seq``, the fencing token) come from
 counters on the run's row, never from AUTOINCREMENT. The fence of an append is the ``UPDATE`` of that row
 (token, length and an unexpired lease in its ``WHERE``), in the transaction that inserts the entries. One
@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -70,14 +70,13 @@ from ._schema import MIGRATIONS as _MIGRATIONS
 from ._schema import NEXT as _NEXT
 from ._schema import SCHEMA_VERSION
 from ._schema import WORK as _WORK
+from ._txn import Connection as _Connection
+from ._txn import connect as _connect
+from ._txn import write as _write_txn
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 log = logging.getLogger(__name__)
-
-
-class _Connection(sqlite3.Connection):
-    """A connection that can be weakly referenced: one of a finished thread goes with the thread."""
 
 
 _HELD_HERE = (
@@ -124,28 +123,43 @@ class SQLiteStore(Store):
     Args:
         path: the database file (created 0600, with its folder 0700, when missing).
         ttl: the default lease length in seconds (a holder renews every ttl/4).
-        busy_timeout_ms: how long a write waits for another writer's transaction.
+        busy_timeout_ms: how long one try of a write waits for another writer's transaction.
+        lock_timeout: how long in all a write (creating a run, an append, a claim, ...) waits for another
+            process's write transaction before it raises StoreLockedError.
 
     Raises:
-        TetherError: the file was written by a newer tether (a newer schema).
+        TetherError: the file cannot be created or used, or was written by a newer tether (a newer schema).
     """
 
     ttl: float | None = 30.0
 
     def __init__(
-        self, path: str | os.PathLike[str], *, ttl: float = 30.0, busy_timeout_ms: int = 5000
+        self,
+        path: str | os.PathLike[str],
+        *,
+        ttl: float = 30.0,
+        busy_timeout_ms: int = 5000,
+        lock_timeout: float = 30.0,
     ) -> None:
         super().__init__()
         self.ttl = ttl
         self.busy_timeout_ms = int(busy_timeout_ms)
+        self.lock_timeout = float(lock_timeout)
         target = Path(path).expanduser().absolute()
-        if not target.parent.exists():
-            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(target.parent, 0o700)
-        self.path = target.resolve()
-        created = not self.path.exists()
-        if created:
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        self.path = target
+        try:
+            if not target.parent.exists():
+                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(target.parent, 0o700)
+            self.path = target.resolve()
+            created = not self.path.exists()
+            if created:
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError as exc:
+            raise TetherError(
+                f"cannot create the SQLite file {self.path} ({exc.strerror or exc}). Fix: pick a path in a "
+                "folder you can write, e.g. sqlite:///runs.db (./runs.db) or sqlite:////abs/path/runs.db"
+            ) from exc
         self._local = threading.local()
         self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._conns_lock = threading.Lock()
@@ -168,33 +182,15 @@ class SQLiteStore(Store):
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
             return conn
-        conn = sqlite3.connect(
-            self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None, factory=_Connection
-        )
-        conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
-        mode = _one(conn, "PRAGMA journal_mode = WAL")[0]  # kept in the file; waits out other writers
-        if str(mode).lower() != "wal":
-            raise TetherError(f"{self.path} cannot use WAL (mode {mode}). Fix: put it on a local disk")
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA foreign_keys = ON")
+        conn = _connect(self.path, self.busy_timeout_ms)
         self._local.conn, self._local.pid = conn, os.getpid()
         with self._conns_lock:
             self._conns.add(conn)
         return conn
 
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: ``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any error."""
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
+    def _write(self, run_id: str | None = None) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One write transaction (for ``run_id``, named in its errors): see ``_txn.write``."""
+        return _write_txn(self._conn(), self.path, self.lock_timeout, run_id)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         """Bring the schema to ``SCHEMA_VERSION``, or refuse a newer one."""
@@ -250,7 +246,7 @@ class SQLiteStore(Store):
         check_batch(run_id, entries, 0)
         owner_json, expires, lease = self._lease(run_id, 1, owner, ttl) if owner else (None, None, None)
         try:
-            with self._write() as conn:
+            with self._write(run_id) as conn:
                 conn.execute(
                     "INSERT INTO runs (id, agent, status, turn, first_message, created_at, updated_at, "
                     "parent_id, root_id, info, length, inbox_consumed, lease_owner, lease_token, "
@@ -293,7 +289,7 @@ class SQLiteStore(Store):
         lease_token: int | None,
         info: dict[str, Any],
     ) -> None:
-        with self._write() as conn:
+        with self._write(run_id) as conn:
             now = time.time()
             n, token, owner, expires = self._row(conn, run_id, _HELD)
             if lease_token != token or not _live(owner, expires, now):
@@ -351,7 +347,7 @@ class SQLiteStore(Store):
     def post(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int:
         item_id = item_id or str(item.get("item_id") or uuid.uuid4().hex)
         made = make_item(item, inbox_seq=0, item_id=item_id)  # checks the type before any write
-        with self._write() as conn:
+        with self._write(run_id) as conn:
             found = _one(
                 conn, "SELECT inbox_seq FROM inbox WHERE run_id = ? AND item_id = ?", (run_id, item_id)
             )

@@ -65,14 +65,16 @@ class LeaseLostError(ConflictError):
 class CorruptJournalError(TetherError, ValueError):
     """A journal entry cannot be decoded, fails its checksum, or cannot follow the entries before it."""
 
-    def __init__(self, run_id: str, seq: int | None, problem: str) -> None:
+    def __init__(self, run_id: str, seq: int | None, problem: str, *, fix: str | None = None) -> None:
         self.run_id = run_id
         self.seq = seq
+        self.problem = problem
         where = f"run {run_id} seq {seq}" if seq is not None else f"run {run_id}"
-        super().__init__(
-            f"{where} is damaged: {problem}. Fix: restore the run from a backup, or fork it before "
-            f"the damaged entry (tether fork {run_id} --at SEQ); nothing was changed"
+        fix = fix or (
+            f"restore the run from a backup, or fork it before the damaged entry (tether fork {run_id} --at "
+            "SEQ)"
         )
+        super().__init__(f"{where} is damaged: {problem}. Fix: {fix}; nothing was changed")
 
 
 class NewerFormatError(TetherError, ValueError):

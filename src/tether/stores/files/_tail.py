@@ -23,6 +23,7 @@ __all__ = [
     "JTail",
     "Parsed",
     "anchored",
+    "named",
     "parse_forward",
     "parse_inbox",
     "refresh_inbox",
@@ -67,14 +68,52 @@ def _corrupt(run_id: str, seq: int | None, problem: str) -> CorruptJournalError:
     return CorruptJournalError(run_id, seq, problem)
 
 
-def _load_line(run_id: str, line: bytes, seq: int | None) -> dict[str, Any]:
+class _LineError(CorruptJournalError):
+    """A damaged line at file offset ``offset``; ``named`` says which line of which file."""
+
+    def __init__(self, run_id: str, seq: int | None, offset: int | None, what: str, stray: bool) -> None:
+        super().__init__(run_id, seq, f"its line {what}")
+        self.offset, self.what, self.stray = offset, what, stray
+
+
+_STRAY = (
+    "is not a tether journal entry (it lacks the countdown b every entry line has): a line something "
+    "else wrote, or a damaged one"
+)
+
+
+def _load_line(run_id: str, line: bytes, seq: int | None, offset: int | None = None) -> dict[str, Any]:
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
-        raise _corrupt(run_id, seq, "its line is not valid JSON") from None
+        raise _LineError(run_id, seq, offset, "is not valid JSON", False) from None
     if not isinstance(obj, dict):
-        raise _corrupt(run_id, seq, "its line is not a JSON object")
+        raise _LineError(run_id, seq, offset, "is not a JSON object", False)
+    if "b" not in obj:
+        raise _LineError(run_id, seq, offset, _STRAY, True)
     return obj
+
+
+def named(exc: CorruptJournalError, path: str) -> CorruptJournalError:
+    """``exc`` naming its line (``line 7 of /runs/r.jsonl``) when it is about one line, with the fix for it.
+
+    The line's number is counted from the file's start (an error path: the cost is no concern).
+    """
+    if not isinstance(exc, _LineError) or exc.offset is None:
+        return exc
+    try:
+        with open(path, "rb") as file:
+            number = file.read(exc.offset).count(b"\n") + 1
+    except OSError:
+        return exc
+    fix = None
+    if exc.stray:
+        fix = (
+            f"if something other than tether wrote line {number}, remove that line (the journal is whole "
+            f"without it); otherwise restore the run from a backup, or fork it before the damaged entry "
+            f"(tether fork {exc.run_id} --at SEQ)"
+        )
+    return CorruptJournalError(exc.run_id, exc.seq, f"line {number} of {path} {exc.what}", fix=fix)
 
 
 def parse_forward(
@@ -95,6 +134,7 @@ def parse_forward(
     expect: int | None = None  # None: an append begins; -1: its listing line is due; k: the next b
     pos = 0
     for line in data.split(b"\n")[:-1]:
+        at = base + pos  # the line's file offset
         pos += len(line) + 1
         if line.startswith(INFO_PREFIX):
             if expect != -1:
@@ -107,11 +147,12 @@ def parse_forward(
             continue
         if expect == -1:
             raise _corrupt(run_id, seq, "the append before this entry has no listing line")
-        obj = _load_line(run_id, line, seq)
+        obj = _load_line(run_id, line, seq, at)
         b = obj.get("b")
         if not isinstance(b, int) or b < 0 or (expect is not None and b != expect):
-            raise _corrupt(
-                run_id, seq, f"its line breaks the append's countdown (b={b!r}, expected {expect})"
+            due = "any" if expect is None else str(expect)
+            raise _LineError(
+                run_id, seq, at, f"breaks the append's countdown (b is {b!r}, {due} was due)", False
             )
         entry = j.decode_entry(obj, run_id, journal_version=version or j.FORMAT_VERSION)
         if entry.seq != seq:

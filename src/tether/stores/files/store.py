@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 
 from ... import journal as j
-from ...errors import RunBusyError, RunNotFoundError, StoreBrokenError, StoreFullError
+from ...errors import CorruptJournalError, RunBusyError, RunNotFoundError, StoreBrokenError, StoreFullError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .._planner import Stored, plan_append, stored_entry
@@ -190,7 +190,7 @@ class FileStore(FileListing):
             cached = self._jtails.get(run_id)
             if cached is not None and ft.same(cached, st):
                 return cached
-            with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
+            with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd, _lines_named(jpath):
                 tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, os.fstat(fd), cached)
                 return tail
 
@@ -303,7 +303,8 @@ class FileStore(FileListing):
                 f"run {run_id}: an earlier write to its journal failed and could not be undone. Fix: stop this "
                 "process and resume the run from a new one (its first append repairs the file)"
             )
-        tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
+        with _lines_named(self._paths(run_id)[0]):
+            tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
         n = tail.length
         stored = functools.partial(_stored, run_id, fd, tail)
         new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
@@ -350,7 +351,8 @@ class FileStore(FileListing):
             data = fl.pread_all(fd, st.st_size - base, base)
         first = cached.length if cached is not None else 0
         version = cached.version if cached is not None else None
-        p = ft.parse_forward(run_id, data, base=base, seq=first, version=version, keep=True)
+        with _lines_named(jpath):
+            p = ft.parse_forward(run_id, data, base=base, seq=first, version=version, keep=True)
         if cached is not None and not p.info_line:
             p.info_line, p.last = cached.info_line, cached.last
         with self._jlock(run_id):
@@ -536,6 +538,15 @@ def _stored(run_id: str, fd: int, tail: ft.JTail, first: int, end: int) -> list[
         data = fl.pread_all(fd, tail.end, 0)
         found = ft.parse_forward(run_id, data, base=0, seq=0, version=None, keep=True).entries[first:end]
     return [stored_entry(entry) for entry in found]
+
+
+@contextlib.contextmanager
+def _lines_named(jpath: str) -> Iterator[None]:
+    """A CorruptJournalError about one line names that line of ``jpath`` (``ft.named``)."""
+    try:
+        yield
+    except CorruptJournalError as exc:
+        raise ft.named(exc, jpath) from None
 
 
 def _full(run_id: str, path: str, exc: BaseException) -> StoreFullError:

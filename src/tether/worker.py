@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._run.drive import lease_lost_in
 from .errors import LeaseLostError, RunBusyError
 from .stores.base import Lease, Owner, RunInfo, Store
 
@@ -279,9 +280,14 @@ class Worker:
         except LeaseLostError as exc:
             self.lost += 1
             log.warning("%s lost its lease on run %s; dropped it (%s)", self.name, run_id, exc)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             why = "worker stopping" if self._stop_requested.is_set() else "drive cancelled"
-            log.info("%s released run %s (%s)", self.name, run_id, why)
+            if (lost := lease_lost_in(exc)) is not None:  # paused past its lease: another holder took the run
+                self.lost += 1
+                log.warning("%s lost its lease on run %s before it stopped (%s); dropped it (%s)", self.name,
+                            run_id, why, lost)  # fmt: skip
+            else:
+                log.info("%s released run %s (%s)", self.name, run_id, why)
         except RunBusyError as exc:
             log.warning("%s stopped run %s: %s", self.name, run_id, exc)
         except Exception:

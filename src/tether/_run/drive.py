@@ -34,7 +34,7 @@ from .subagents import Children
 from .tool_step import ToolStep
 from .writer import StartGate, Writer
 
-__all__ = ["Drive"]
+__all__ = ["Drive", "lease_lost_in"]
 
 
 class Drive:
@@ -231,6 +231,11 @@ class Drive:
             return
         try:
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                lost = await self._lease_gone()
+                if lost is not None:  # taken over while this process was paused: nothing of ours to close
+                    _note_lost(exc, lost)
+                    await writer.give_up()
+                    return
                 _abort_in_flight(writer, in_flight)
                 if writer.acted and state.status not in j.STOP_STATUSES:
                     writer.add(j.RunReleased, reason=f"interrupted ({type(exc).__name__})")
@@ -240,9 +245,46 @@ class Drive:
                 await self.inbox.consume_stopping()
             await writer.give_up()
         except BaseException as save_error:
-            if save_error is not exc:
+            if isinstance(save_error, LeaseLostError):
+                _note_lost(exc, save_error)
+            elif save_error is not exc:
                 exc.add_note(f"saving the run also failed: {type(save_error).__name__}: {save_error}")
             await writer.give_up()
+
+    async def _lease_gone(self) -> LeaseLostError | None:
+        """After an interrupt: the LeaseLostError when this drive's ttl lease no longer holds the run (it
+        lapsed and was taken, or released by its new holder), else None (a lock, or still held)."""
+        lease = self.writer.lease
+        if lease.expires_at is None:
+            return None
+        future = self.store.io_threads.run_through(self.store.renew, lease)
+        while not future.done():
+            try:
+                await future  # a second cancel (SIGTERM and the worker's stop) does not cut the answer off
+            except asyncio.CancelledError:
+                continue
+            except Exception:
+                break
+        error = future.exception()
+        if error is None:
+            self.writer.lease = future.result()
+        return error if isinstance(error, LeaseLostError) else None  # another error: the closing save says
+
+
+_LOST = "_tether_lease_lost"
+
+
+def _note_lost(exc: BaseException, lost: LeaseLostError) -> None:
+    """Mark an interrupt whose drive found its lease lost (``lease_lost_in`` reads it); it released nothing."""
+    setattr(exc, _LOST, lost)
+    exc.add_note(f"the run was not released by this process: {lost}")
+
+
+def lease_lost_in(exc: BaseException) -> LeaseLostError | None:
+    """The LeaseLostError a drive found while closing after the interrupt ``exc`` (None: it released the
+    run, or tried to): a paused worker stopped after another took its run logs that, not a release."""
+    found = getattr(exc, _LOST, None)
+    return found if isinstance(found, LeaseLostError) else None
 
 
 def _abort_in_flight(writer: Writer, in_flight: list[str]) -> None:

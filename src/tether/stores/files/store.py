@@ -253,7 +253,7 @@ class FileStore(FileListing):
                     with contextlib.suppress(OSError):
                         os.unlink(ipath)
                 if no_room(exc):
-                    raise _full(run_id, jpath if linked else tmp, exc) from exc
+                    raise _full(run_id, jpath, exc) from exc
                 raise
             finally:
                 if not kept:

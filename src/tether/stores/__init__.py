@@ -63,16 +63,10 @@ def open_store(url: str) -> Store:
     if scheme == "memory" and sep:
         if rest in ("", "//"):
             return MemoryStore()
-        raise ValueError(
-            f"store URL {url!r} names a memory store, but a memory store has no name or path: each is a new, "
-            "empty store that lives in this process only. Fix: 'memory:' (and pass that store object to "
-            "whoever needs it), or a store other processes can open, e.g. 'sqlite:///runs.db'"
-        )
+        raise _schemes.memory_name_error(url)
     if not sep or "/" in scheme or "\\" in scheme or len(scheme) == 1:  # a plain path (or C:\ on Windows)
-        if not _is_path(url):
-            raise ValueError(
-                f"store URL {url!r} has no scheme, so it may be a folder or a file. Fix: {_guess(url)}"
-            )
+        if (bare := _schemes.bare_word_error(url)) is not None:
+            raise bare
         from .files.store import FileStore
 
         return FileStore(url)
@@ -100,40 +94,7 @@ def open_store(url: str) -> Store:
                 f"store URL {url!r} needs psycopg ({exc}). Fix: pip install 'tether[postgres]'"
             ) from None
         return PostgresStore(url)
-    factory = _schemes.factory_for(scheme)
-    if factory is not None:
-        made = factory(url)
-        if not isinstance(made, Store):
-            raise TypeError(
-                f"the factory of store URL scheme {scheme!r} returned {made!r}, not a tether Store. Fix: return "
-                "an instance of a tether.Store subclass"
-            )
+    made = _schemes.open_registered(scheme, url)
+    if made is not None:
         return made
-    others = "".join(f", '{name}:...'" for name in _schemes.known_schemes())
-    raise ValueError(
-        f"store URL {url!r} has an unknown scheme {scheme!r}. Fix: use 'sqlite:///PATH', 'file:PATH', "
-        f"'memory:' or postgresql://USER@HOST/DB{others} (a store package adds its scheme with "
-        "tether.stores.register_scheme or an entry point in the group tether.stores)"
-    )
-
-
-_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
-
-
-def _is_path(url: str) -> bool:
-    """Whether a URL without a scheme is plainly a path: it has a slash, or starts with ``~``, ``.`` or ``..``."""
-    return "/" in url or "\\" in url or url.startswith("~") or url in (".", "..") or url[1:2] == ":"
-
-
-def _guess(word: str) -> str:
-    """The fix for a bare word given as a store URL: what the user most likely meant."""
-    lower = word.lower()
-    if lower in ("memory", "sqlite", "file", "postgres", "postgresql"):
-        return {
-            "memory": "'memory:' for a store in this process",
-            "sqlite": "'sqlite:///runs.db' for a SQLite file",
-            "file": "'file:runs' for a folder of runs",
-        }.get(lower, "'postgresql://USER@HOST/DB' for PostgreSQL")
-    if lower.endswith(_SQLITE_SUFFIXES):
-        return f"'sqlite:///{word}' for a SQLite file here (or 'file:{word}' for a folder of that name)"
-    return f"'file:{word}' (or './{word}') for a folder of runs, or 'sqlite:///{word}.db' for a SQLite file"
+    raise _schemes.unknown_scheme_error(url, scheme)

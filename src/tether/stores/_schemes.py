@@ -1,6 +1,8 @@
-"""Store URL schemes other packages add: ``register_scheme(name, factory)``, and the entry point group
-``tether.stores`` (each entry point's name is a scheme, its object the factory), read on first use of a scheme
-``open_store`` does not know itself. A factory takes the whole URL and returns a Store.
+"""Store URL schemes beyond tether's own, and ``open_store``'s words for URLs it cannot open.
+
+Other packages add schemes with ``register_scheme(name, factory)`` or the entry point group ``tether.stores``
+(each entry point's name is a scheme, its object the factory), read on first use of a scheme ``open_store``
+does not know itself. A factory takes the whole URL and returns a Store.
 
 ```toml
 # a store package's pyproject.toml
@@ -14,15 +16,23 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from importlib import metadata
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .base import Store
+from .base import Store
 
-__all__ = ["BUILT_IN", "ENTRY_POINT_GROUP", "StoreFactory", "factory_for", "register_scheme", "registered"]
+__all__ = [
+    "BUILT_IN",
+    "ENTRY_POINT_GROUP",
+    "StoreFactory",
+    "bare_word_error",
+    "factory_for",
+    "memory_name_error",
+    "open_registered",
+    "register_scheme",
+    "registered",
+    "unknown_scheme_error",
+]
 
-StoreFactory = Callable[[str], "Store"]
+StoreFactory = Callable[[str], Store]
 """Makes a store from its whole URL (``redis://host/0``)."""
 
 ENTRY_POINT_GROUP = "tether.stores"
@@ -95,6 +105,8 @@ def factory_for(scheme: str) -> StoreFactory | None:
         found = _registered.get(scheme) or _loaded.get(scheme)
     if found is not None or scheme in BUILT_IN:
         return found
+    from importlib import metadata  # only for a scheme tether does not know: import tether stays cheap
+
     points = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == scheme]
     if not points:
         return None
@@ -123,6 +135,8 @@ def known_schemes() -> list[str]:
     with _lock:
         names = set(_registered) | set(_loaded)
     try:
+        from importlib import metadata
+
         names |= {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
     except Exception:  # a broken installation never hides the error being reported
         pass
@@ -133,3 +147,66 @@ def _describe(factory: StoreFactory) -> str:
     module = getattr(factory, "__module__", None)
     name = getattr(factory, "__qualname__", None)
     return f"{module}.{name}" if module and name else repr(factory)
+
+
+def open_registered(scheme: str, url: str) -> Store | None:
+    """The store a registered (or entry point) factory makes for ``url``; None when ``scheme`` has none.
+
+    Raises:
+        TypeError: the factory returned something that is not a Store.
+        ValueError: the scheme's entry point cannot be loaded.
+    """
+    factory = factory_for(scheme)
+    if factory is None:
+        return None
+    made = factory(url)
+    if not isinstance(made, Store):
+        raise TypeError(
+            f"the factory of store URL scheme {scheme!r} returned {made!r}, not a tether Store. Fix: return "
+            "an instance of a tether.Store subclass"
+        )
+    return made
+
+
+def unknown_scheme_error(url: str, scheme: str) -> ValueError:
+    """The error of a URL whose scheme nothing here knows (the schemes that exist are offered)."""
+    others = "".join(f", '{name}:...'" for name in known_schemes())
+    return ValueError(
+        f"store URL {url!r} has an unknown scheme {scheme!r}. Fix: use 'sqlite:///PATH', 'file:PATH', "
+        f"'memory:' or postgresql://USER@HOST/DB{others} (a store package adds its scheme with "
+        "tether.stores.register_scheme or an entry point in the group tether.stores)"
+    )
+
+
+def memory_name_error(url: str) -> ValueError:
+    """The error of ``memory:NAME``: a MemoryStore has no name (each is its own, in one process)."""
+    return ValueError(
+        f"store URL {url!r} names a memory store, but a memory store has no name or path: each is a new, "
+        "empty store that lives in this process only. Fix: 'memory:' (and pass that store object to "
+        "whoever needs it), or a store other processes can open, e.g. 'sqlite:///runs.db'"
+    )
+
+
+_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+def bare_word_error(url: str) -> ValueError | None:
+    """The error of a URL without a scheme that is not plainly a path (``runs``: a folder or a file?); None
+    for a path: a slash, or a start of ``~``, ``.``, ``..`` or a drive letter."""
+    if "/" in url or "\\" in url or url.startswith("~") or url in (".", "..") or url[1:2] == ":":
+        return None
+    return ValueError(f"store URL {url!r} has no scheme, so it may be a folder or a file. Fix: {_guess(url)}")
+
+
+def _guess(word: str) -> str:
+    """The fix for a bare word given as a store URL: what the user most likely meant."""
+    lower = word.lower()
+    if lower in ("memory", "sqlite", "file", "postgres", "postgresql"):
+        return {
+            "memory": "'memory:' for a store in this process",
+            "sqlite": "'sqlite:///runs.db' for a SQLite file",
+            "file": "'file:runs' for a folder of runs",
+        }.get(lower, "'postgresql://USER@HOST/DB' for PostgreSQL")
+    if lower.endswith(_SQLITE_SUFFIXES):
+        return f"'sqlite:///{word}' for a SQLite file here (or 'file:{word}' for a folder of that name)"
+    return f"'file:{word}' (or './{word}') for a folder of runs, or 'sqlite:///{word}.db' for a SQLite file"

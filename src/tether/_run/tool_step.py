@@ -80,8 +80,10 @@ class ToolStep:
                 return_when=asyncio.FIRST_COMPLETED,
             )
             for task in done:
-                self._tasks = {cid: t for cid, t in self._tasks.items() if t is not task}
                 error = task.exception()
+                if isinstance(error, _ToolInterrupt):  # its call stays listed: in flight at the interrupt
+                    raise error.interrupt
+                self._tasks = {cid: t for cid, t in self._tasks.items() if t is not task}
                 if error is not None:
                     raise error
             if await self.inbox.consume():
@@ -201,6 +203,18 @@ class ToolStep:
         self._tasks[call_id] = asyncio.ensure_future(self._invoke(call_id))
 
     async def _invoke(self, call_id: str) -> None:
+        """Run one call and journal its result; a tool's ``SystemExit`` or ``KeyboardInterrupt`` interrupts.
+
+        Such an exception must not escape the call's task (asyncio would raise it out of the event loop,
+        leaving the drive suspended and the run held): it is carried out as a ``_ToolInterrupt``, which
+        ``run`` raises in the drive's own task, where it closes the run as Ctrl+C does (DESIGN 5.4).
+        """
+        try:
+            await self._invoke_call(call_id)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            raise _ToolInterrupt(exc) from None
+
+    async def _invoke_call(self, call_id: str) -> None:
         """Run one call (retrying timeouts of read_only and idempotent tools) and journal its result."""
         state = self.state
         record = state.call(call_id)
@@ -269,6 +283,14 @@ class ToolStep:
                 call_id,
                 exc,
             )
+
+
+class _ToolInterrupt(Exception):
+    """A tool raised ``SystemExit`` or ``KeyboardInterrupt`` (``interrupt``), carried out of its call's task."""
+
+    def __init__(self, interrupt: BaseException) -> None:
+        super().__init__(f"a tool raised {type(interrupt).__name__}")
+        self.interrupt = interrupt
 
 
 def _drop_result(future: asyncio.Future[Any]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _helpers import out, run, spawn, starts, wait_for
 
-from tether import FileStore
+from tether import FileStore, RunBusyError
 from tether.testing import ExecutionLog
 
 pytestmark = pytest.mark.crash
@@ -45,6 +45,8 @@ def test_a_lock_file_deleted_or_replaced_under_a_live_holder_lets_no_second_driv
         wait_for(lambda: len(starts(side)) == 2, what="both hold tools of A to start")
         for attempt in range(2):  # A re-locks a new file after the first; the second finds that one
             damage(lock)
+            with pytest.raises(RunBusyError, match=f"pid {holder.pid} "):
+                FileStore(runs).delete("lk")  # a delete is a take too
             second = run("resume", runs, "lk", side, "sigterm")
             assert second.returncode == 3, second.stderr.decode()[-3000:]
             report = out(side)

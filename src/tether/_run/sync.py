@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .renewal import cancel_all_drives, sigterm_received
 
@@ -71,7 +71,7 @@ def run_sync(coro_fn: Callable[[], Coroutine[Any, Any, T]], name: str) -> T:
             raise
     if main.raised is not None:
         raise main.raised
-    return result
+    return cast(T, result)  # None only with ``main.raised`` set
 
 
 _WRAPPED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -116,17 +116,17 @@ def _handlers_wrapped(main: _Main) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield  # handlers run on the main thread only: a signal never interrupts this thread's loop
         return
-    saved: dict[int, Callable[[int, FrameType | None], Any]] = {}
-    for signum in _WRAPPED:
-        handler = signal.getsignal(signum)
+    saved: dict[signal.Signals, Callable[[int, FrameType | None], Any]] = {}
+    for wrapped in _WRAPPED:
+        handler = signal.getsignal(wrapped)
         if callable(handler) and handler is not signal.default_int_handler:  # asyncio's Runner has SIGINT
-            saved[signum] = handler
-            signal.signal(signum, functools.partial(main.handle, handler))
+            saved[wrapped] = handler
+            signal.signal(wrapped, functools.partial(main.handle, handler))
     try:
         yield
     finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
+        for wrapped, handler in saved.items():
+            signal.signal(wrapped, handler)
 
 
 def handle_sigterm() -> None:

@@ -10,7 +10,10 @@ Each run has three files, all 0600 in a 0700 folder:
   newline-terminated line that fails to decode or its checksum, or that breaks the countdown, is corruption.
 - ``<id>.inbox.jsonl``, the inbox: one JSON line per item (``InboxItem.to_dict()``), numbered by line.
 - ``<id>.lock``, the lease: an exclusive ``flock`` held by the driving store object, with the holder's pid,
-  host, since, writer and token written in it (the token also goes into every listing line).
+  host, since, writer and token written in it (the token also goes into every listing line), and the file's
+  own inode. A take of a lock file that does not name its own inode (deleted and re-created, or replaced
+  from outside) first looks for a live holder of the old one, and the holder locks a new file when it finds
+  its own gone (``_holders``, DURABILITY 4). A holder keeps the journal open from its take to its release.
 
 Appends and posts hold ``flock(LOCK_EX)`` on their file for check, write and sync; readers hold
 ``LOCK_SH`` only while copying bytes. Tail state (size, length, last append) is cached per run and checked

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 import orjson
 
+from ._encodable import clean
 from .errors import CorruptJournalError, NewerFormatError
 
 __all__ = [
@@ -123,6 +124,8 @@ MAX_METADATA_BYTES = 4096
 def validate_metadata(metadata: object) -> dict[str, str]:
     """A copy of ``metadata`` if it is valid run metadata (string keys and values, 64 pairs, 4 KB), else raise.
 
+    Lone surrogates in keys and values become U+FFFD, as everywhere in a journal (``tether._encodable``).
+
     Raises:
         TypeError: not a dict of strings to strings.
         ValueError: an empty key, too many pairs, or too many bytes.
@@ -142,6 +145,7 @@ def validate_metadata(metadata: object) -> dict[str, str]:
             )
         if not key:
             raise ValueError("metadata has an empty key. Fix: give every value a non-empty key")
+    metadata = clean(metadata)
     if len(metadata) > MAX_METADATA_PAIRS:
         raise ValueError(
             f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed. Fix: keep the "

@@ -31,6 +31,7 @@ from typing import (
     runtime_checkable,
 )
 
+from ._encodable import clean
 from .journal import EFFECTS, Effect
 from .messages import text_block
 
@@ -356,16 +357,38 @@ def _is_block(item: Any) -> bool:
 
 
 def _to_text(value: Any) -> str:
-    """JSON text of a value, else its repr; never raises."""
-    try:
-        import pydantic_core
+    """JSON text of a value, else its repr; never raises.
 
+    Strings with lone surrogates (file names from ``os.listdir``) are shown with U+FFFD in their place, as
+    the journal keeps them (``tether._encodable``), in dicts, lists, dataclasses and pydantic models.
+    """
+    import pydantic_core
+
+    try:
         return pydantic_core.to_json(value).decode("utf-8")
+    except Exception:
+        pass
+    try:
+        return pydantic_core.to_json(clean(_plain(value))).decode("utf-8")
     except Exception:
         try:
             return repr(value)
         except Exception:
             return f"<{type(value).__name__} object that cannot be shown>"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with dataclasses and pydantic models made dicts, through dicts, lists, tuples and sets."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(item) for item in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, type):
+        return _plain(dump())
+    return value
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -11,6 +11,7 @@ import orjson
 
 from .. import journal as j
 from ..context import build_request
+from ..errors import UnencodableError
 from ..events import Event, Reset, Retrying, TextDelta
 from ..messages import Message
 from ..messages import text_block as _text
@@ -231,13 +232,18 @@ class ModelStep:
                 }
                 index += 1
             content.append(block)
-        self.writer.add(
-            j.ModelReplied,
-            content=content,
-            stop_reason=reply.stop_reason,
-            usage=reply.usage,
-            model=reply.model,
-        )
+        try:
+            entry = self.writer.add(
+                j.ModelReplied,
+                content=content,
+                stop_reason=reply.stop_reason,
+                usage=reply.usage,
+                model=reply.model,
+            )
+        except UnencodableError as exc:  # a request that cannot succeed as it is: the run fails, saying why
+            await self._model_failed(exc)
+            return
+        content = entry.content  # as journaled (lone surrogates replaced): what a resumed run plans from
         calls = [b for b in content if b["type"] == "tool_call"]
         results = [b for b in calls if self.output is not None and b["name"] == OUTPUT_TOOL]
         for block in calls:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from tether import Agent, State, ToolContext, tool
 from tether._encodable import REPLACEMENT, clean, journal_safe
@@ -157,3 +158,32 @@ def test_a_model_reply_no_journal_can_hold_fails_the_run_with_the_reason(store: 
     assert loaded.status == "failed"
     assert "Integer exceeds 64-bit range" in (loaded.reason or "")
     assert [e.kind for e in loaded.history][-2:] == ["model_failed", "run_stopped"]
+
+
+class Found(BaseModel):
+    name: str
+    count: int
+
+
+def test_a_structured_output_holding_a_lone_surrogate_is_journaled_as_the_live_run_holds_it(
+    store: Any,
+) -> None:
+    model = ScriptedModel([call("final_result", name=ODD, count=1)])
+    state = Agent(model, name="typed", output_type=Found, store=store).run("find it")
+    assert state.status == "completed"
+    assert state.output == Found(name=SHOWN, count=1)
+    loaded = assert_same_as_loaded(state, store)
+    assert loaded.history[-1].output == {"name": SHOWN, "count": 1}
+
+
+def test_a_structured_output_no_journal_can_hold_is_sent_back_to_the_model(store: Any) -> None:
+    too_big = str(1 << 70)  # a string the schema's lax int accepts, and JSON's 64 bits cannot hold
+    model = ScriptedModel(
+        [call("final_result", name="a", count=too_big), call("final_result", name="a", count=2)]
+    )
+    state = Agent(model, name="typed", output_type=Found, store=store).run("count it")
+    assert state.status == "completed" and state.output == Found(name="a", count=2)
+    outcome, text = results(state)["c3_0"]
+    assert outcome == "input_error"
+    assert text.startswith("the final result cannot be journaled: Integer exceeds 64-bit range. Fix:")
+    assert_same_as_loaded(state, store)

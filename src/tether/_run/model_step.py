@@ -279,8 +279,15 @@ class ModelStep:
         if results:
             try:
                 value = output.validate(results[0].get("args"))
+                dumped = output.dump(value)
+                answer = orjson.dumps(dumped).decode()
             except ValueError as exc:
                 problem = str(exc)
+            except TypeError as exc:  # valid, but no journal can hold it (an integer beyond 64 bits)
+                problem = (
+                    f"the final result cannot be journaled: {exc}. Fix: call {OUTPUT_TOOL} with JSON values"
+                )
+            if problem is not None:
                 self.writer.add(
                     j.ToolFinished, call_id=results[0]["id"], outcome="input_error", content=[_text(problem)]
                 )
@@ -303,11 +310,10 @@ class ModelStep:
                 )
         if got_message:
             return  # a message came in meanwhile: the model is asked again
-        dumped = output.dump(value)
         self.writer.add(
             j.RunStopped,
             status="completed",
-            answer=orjson.dumps(dumped).decode(),
+            answer=answer,
             output=dumped,
             output_type=output.type_path,
             usage=dict(state.usage),

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 import orjson
 
-from ._encodable import clean
+from ._encodable import clean, clean_text
 from .errors import CorruptJournalError, NewerFormatError
 
 __all__ = [
@@ -145,19 +145,20 @@ def validate_metadata(metadata: object) -> dict[str, str]:
             )
         if not key:
             raise ValueError("metadata has an empty key. Fix: give every value a non-empty key")
-    metadata = clean(metadata)
     if len(metadata) > MAX_METADATA_PAIRS:
         raise ValueError(
             f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed. Fix: keep the "
             "keys you filter or group runs by, and put the rest in the prompt or your own database"
         )
-    size = sum(len(key.encode()) + len(value.encode()) for key, value in metadata.items())
+    size = sum(
+        len(clean_text(key).encode()) + len(clean_text(value).encode()) for key, value in metadata.items()
+    )
     if size > MAX_METADATA_BYTES:
         raise ValueError(
             f"metadata holds {size} bytes; at most {MAX_METADATA_BYTES} are allowed. Fix: keep ids and short "
             "labels in metadata, and larger data in your own database"
         )
-    return dict(metadata)
+    return clean(dict(metadata))
 
 
 def new_run_id() -> str:

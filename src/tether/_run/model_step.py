@@ -243,6 +243,7 @@ class ModelStep:
         except UnencodableError as exc:  # a request that cannot succeed as it is: the run fails, saying why
             await self._model_failed(exc)
             return
+        assert isinstance(entry, j.ModelReplied)
         content = entry.content  # as journaled (lone surrogates replaced): what a resumed run plans from
         calls = [b for b in content if b["type"] == "tool_call"]
         results = [b for b in calls if self.output is not None and b["name"] == OUTPUT_TOOL]

@@ -187,3 +187,20 @@ def test_a_structured_output_no_journal_can_hold_is_sent_back_to_the_model(store
     assert outcome == "input_error"
     assert text.startswith("the final result cannot be journaled: Integer exceeds 64-bit range. Fix:")
     assert_same_as_loaded(state, store)
+
+
+def test_a_reason_with_a_lone_surrogate_from_the_human_asked_in_process_is_journaled(store: Any) -> None:
+    from tether import HumanDecision, ScriptedHuman
+
+    @tool(approval=True)
+    def remove(name: str) -> str:
+        """Remove a file."""
+        return "removed"
+
+    human = ScriptedHuman([HumanDecision(False, by="b\udcf6b", reason=f"keep {ODD}")])
+    agent = Agent(ScriptedModel([call("remove", name="x"), "kept"]), tools=[remove], store=store, human=human)
+    state = agent.run("remove x")
+    decided = next(e for e in state.history if e.kind == "approval_decided")
+    assert (decided.by, decided.reason) == (f"b{REPLACEMENT}b", f"keep {SHOWN}")
+    assert results(state)["c3_0"][0] == "denied" and SHOWN in results(state)["c3_0"][1]
+    assert_same_as_loaded(state, store)

@@ -11,6 +11,7 @@ import orjson
 
 from .. import journal as j
 from ..context import build_request
+from ..errors import UnencodableError
 from ..events import Event, Reset, Retrying, TextDelta
 from ..messages import Message
 from ..messages import text_block as _text
@@ -231,13 +232,19 @@ class ModelStep:
                 }
                 index += 1
             content.append(block)
-        self.writer.add(
-            j.ModelReplied,
-            content=content,
-            stop_reason=reply.stop_reason,
-            usage=reply.usage,
-            model=reply.model,
-        )
+        try:
+            entry = self.writer.add(
+                j.ModelReplied,
+                content=content,
+                stop_reason=reply.stop_reason,
+                usage=reply.usage,
+                model=reply.model,
+            )
+        except UnencodableError as exc:  # a request that cannot succeed as it is: the run fails, saying why
+            await self._model_failed(exc)
+            return
+        assert isinstance(entry, j.ModelReplied)
+        content = entry.content  # as journaled (lone surrogates replaced): what a resumed run plans from
         calls = [b for b in content if b["type"] == "tool_call"]
         results = [b for b in calls if self.output is not None and b["name"] == OUTPUT_TOOL]
         for block in calls:
@@ -273,8 +280,15 @@ class ModelStep:
         if results:
             try:
                 value = output.validate(results[0].get("args"))
+                dumped = output.dump(value)
+                answer = orjson.dumps(dumped).decode()
             except ValueError as exc:
                 problem = str(exc)
+            except TypeError as exc:  # valid, but no journal can hold it (an integer beyond 64 bits)
+                problem = (
+                    f"the final result cannot be journaled: {exc}. Fix: call {OUTPUT_TOOL} with JSON values"
+                )
+            if problem is not None:
                 self.writer.add(
                     j.ToolFinished, call_id=results[0]["id"], outcome="input_error", content=[_text(problem)]
                 )
@@ -297,11 +311,10 @@ class ModelStep:
                 )
         if got_message:
             return  # a message came in meanwhile: the model is asked again
-        dumped = output.dump(value)
         self.writer.add(
             j.RunStopped,
             status="completed",
-            answer=orjson.dumps(dumped).decode(),
+            answer=answer,
             output=dumped,
             output_type=output.type_path,
             usage=dict(state.usage),

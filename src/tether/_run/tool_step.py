@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .. import journal as j
+from ..errors import UnencodableError
 from ..messages import text_block as _text
 from ..stores.operations import cancel_tree, child_id_for
 from ..tools import ToolContext, ToolCutOff, ToolInputError, result_to_blocks
@@ -264,12 +265,18 @@ class ToolStep:
                 outcome, content = "input_error", [_text(str(exc))]
             except Exception as exc:
                 self.writer.trace.tool(call_id).error(exc)
-                outcome, content = "error", [_text(f"{type(exc).__name__}: {exc}")]
+                outcome, content = "error", [_text(_error_text(exc))]
             break
         if record.outcome is not None or not state.is_open(call_id):
             log.info("run %s call %s finished after it was closed; result dropped", state.id, call_id)
             return
-        self.writer.add(j.ToolFinished, call_id=call_id, outcome=outcome, content=content, usage=usage)
+        try:
+            self.writer.add(j.ToolFinished, call_id=call_id, outcome=outcome, content=content, usage=usage)
+        except UnencodableError as exc:  # the tool ran: say so, rather than leave the call open to be retried
+            text = f"the tool ran, but its result cannot be journaled: {exc.problem}. Fix: {_JSON_RESULTS}"
+            self.writer.add(
+                j.ToolFinished, call_id=call_id, outcome="error", content=[_text(text)], usage=usage
+            )
         try:
             await self.writer.flush()
         except asyncio.CancelledError:
@@ -291,6 +298,20 @@ class _ToolInterrupt(Exception):
     def __init__(self, interrupt: BaseException) -> None:
         super().__init__(f"a tool raised {type(interrupt).__name__}")
         self.interrupt = interrupt
+
+
+_JSON_RESULTS = (
+    "return text, or JSON values (strings, integers within 64 bits, floats, booleans, None, lists, and dicts "
+    "with string keys)"
+)
+
+
+def _error_text(exc: BaseException) -> str:
+    """``Type: message`` of a tool's exception; never raises (its ``__str__`` may)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message cannot be shown)"
 
 
 def _drop_result(future: asyncio.Future[Any]) -> None:

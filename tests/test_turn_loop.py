@@ -148,3 +148,67 @@ def test_results_that_finish_together_are_journaled_and_each_call_runs_once(stor
     assert sorted(ran) == list(range(30))
     finished = [e for e in state.history if e.kind == "tool_finished"]
     assert len(finished) == 30 and all(e.outcome == "done" for e in finished)
+
+
+class _Renewing:
+    """Stands in for a store's ``renew``: counts calls per run, fails for the runs in ``failing``."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.failing: set[str] = set()
+        self.lock = threading.Lock()
+
+    def renew(self, lease: Any) -> Any:
+        with self.lock:
+            self.calls[lease.run_id] = self.calls.get(lease.run_id, 0) + 1
+        if lease.run_id in self.failing:
+            raise OSError("the database is down")
+        return lease
+
+
+def _until(check: Any) -> None:
+    for _ in range(2000):
+        if check():
+            return
+        threading.Event().wait(0.005)
+    raise AssertionError("not within 10 s")
+
+
+def test_the_leases_of_many_drives_are_renewed_from_one_timing_thread() -> None:
+    from tether._run.renewal import Renewer
+    from tether.stores.base import Lease, Owner
+
+    store = _Renewing()
+    lost: list[str] = []
+    renewers = [
+        Renewer(store, Lease(f"r{i}", 1, Owner.here(), None, 0.08), 0.08, lambda i=i: lost.append(f"r{i}"))  # type: ignore[arg-type]
+        for i in range(50)
+    ]
+    for renewer in renewers:
+        renewer.start()
+    _until(lambda: len(store.calls) == 50 and min(store.calls.values()) >= 2)
+    timers = [t for t in threading.enumerate() if t.name == "tether-renewals"]
+    assert len(timers) == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("tether-renew-")], "no thread per drive"
+    for renewer in renewers:
+        renewer.stop()
+    assert lost == [] and all(renewer.fresh() for renewer in renewers)
+
+
+def test_a_drive_whose_renewals_fail_for_ttl_over_2_is_told_once_and_others_go_on() -> None:
+    from tether._run.renewal import Renewer
+    from tether.stores.base import Lease, Owner
+
+    store = _Renewing()
+    store.failing.add("down")
+    lost: list[str] = []
+    down = Renewer(store, Lease("down", 1, Owner.here(), None, 0.08), 0.08, lambda: lost.append("down"))  # type: ignore[arg-type]
+    fine = Renewer(store, Lease("fine", 1, Owner.here(), None, 0.08), 0.08, lambda: lost.append("fine"))  # type: ignore[arg-type]
+    down.start()
+    fine.start()
+    _until(lambda: lost == ["down"])
+    calls = store.calls["down"]
+    _until(lambda: store.calls["fine"] >= calls + 3)
+    assert lost == ["down"] and store.calls["down"] == calls, "a lost lease is renewed no more"
+    assert not down.fresh() and fine.fresh()
+    fine.stop()

@@ -23,9 +23,14 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["Writers"]
+__all__ = ["IO_THREADS", "Writers"]
 
 T = TypeVar("T")
+
+IO_THREADS = 32
+"""Threads a SQLiteStore runs its I/O on (``stores.base.IO_THREADS`` is 4): the writes waiting at once
+are committed together, so more threads mean fewer syncs when many runs are driven at once; a thread
+waiting for the write lock costs a connection and a stack, nothing more."""
 
 
 class _Queued:

@@ -63,6 +63,7 @@ from ..base import (
 )
 from ._schema import FREE as _FREE
 from ._schema import HELD as _HELD
+from ._schema import INSERT_ENTRY as _INSERT_ENTRY
 from ._schema import INSERT_METADATA as _INSERT_METADATA
 from ._schema import LISTED as _LISTED
 from ._schema import METADATA_PAIR as _METADATA_PAIR
@@ -70,7 +71,7 @@ from ._schema import MIGRATIONS as _MIGRATIONS
 from ._schema import NEXT as _NEXT
 from ._schema import SCHEMA_VERSION
 from ._schema import WORK as _WORK
-from ._writers import Writers
+from ._writers import IO_THREADS, Writers
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -116,11 +117,6 @@ def _stored(conn: sqlite3.Connection, run_id: str, first: int, end: int) -> list
     return [stored_body(run_id, body) for (body,) in _all(conn, sql, (run_id, first, end))]
 
 
-IO_THREADS = 32
-"""Threads a SQLiteStore runs its I/O on (``stores.base.IO_THREADS`` is 4): the appends waiting at once
-are committed together, so more threads mean fewer syncs when many runs are driven at once."""
-
-
 class SQLiteStore(Store):
     """Runs in one SQLite file; safe for many threads and processes of one machine.
 
@@ -142,9 +138,7 @@ class SQLiteStore(Store):
         self, path: str | os.PathLike[str], *, ttl: float = 30.0, busy_timeout_ms: int = 5000
     ) -> None:
         super().__init__()
-        # Enough threads that many runs' appends wait for the write lock together and share a commit
-        # (``_writers``); a thread blocked there costs a connection and a stack, nothing more.
-        self.io_threads.limit = IO_THREADS
+        self.io_threads.limit = IO_THREADS  # appends waiting at once share a commit (``_writers``)
         self.ttl = ttl
         self.busy_timeout_ms = int(busy_timeout_ms)
         target = Path(path).expanduser().absolute()
@@ -278,10 +272,7 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, run_id: str, entries: Iterable[j.Entry]) -> None:
-        conn.executemany(
-            "INSERT INTO entries (run_id, seq, body) VALUES (?, ?, ?)",
-            [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries],
-        )
+        conn.executemany(_INSERT_ENTRY, [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries])
 
     def append(
         self,
@@ -293,8 +284,10 @@ class SQLiteStore(Store):
         lease_token: int | None,
         info: dict[str, Any],
     ) -> None:
+        rows = [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries]  # before the write lock
+        listing = (*self._listing(info), int(info.get("inbox_consumed", -1)))
         new = self._writers.together(
-            functools.partial(self._append, run_id, entries, expected_seq, lease_token, info)
+            functools.partial(self._append, run_id, entries, rows, expected_seq, lease_token, listing)
         )  # committed with the appends of other runs that wait meanwhile (one sync for all)
         if fp.ACTIVE and new and fp.hits("after_append", new):
             fp.die()
@@ -303,12 +296,13 @@ class SQLiteStore(Store):
         self,
         run_id: str,
         entries: Sequence[j.Entry],
+        rows: list[tuple[str, int, bytes]],
         expected_seq: int,
         lease_token: int | None,
-        info: dict[str, Any],
+        listing: tuple[Any, ...],
         conn: sqlite3.Connection,
     ) -> list[j.Entry]:
-        """One append's writes, in the transaction ``conn`` holds; returns the entries it added."""
+        """One append's writes in ``conn``'s transaction (``rows`` and ``listing`` made before it); returns the new."""
         now = time.time()
         n, token, owner, expires = self._row(conn, run_id, _HELD)
         if lease_token != token or not _live(owner, expires, now):
@@ -324,12 +318,11 @@ class SQLiteStore(Store):
             "updated_at = ?, parent_id = ?, root_id = ?, info = ?, length = ?, inbox_consumed = ? "
             "WHERE id = ? AND length = ? AND lease_token = ? AND lease_owner IS NOT NULL "
             "AND (lease_expires_at IS NULL OR lease_expires_at > ?)",
-            (*self._listing(info), n + len(new), int(info.get("inbox_consumed", -1)),
-             run_id, n, lease_token, now),
+            (*listing[:-1], n + len(new), listing[-1], run_id, n, lease_token, now),
         )  # fmt: skip
         if cur.rowcount != 1:  # cannot happen under the write lock; the fence is here all the same
             raise lease_lost_error(run_id, lease_token, token)
-        self._insert(conn, run_id, new)
+        conn.executemany(_INSERT_ENTRY, rows[len(entries) - len(new) :])
         if fp.ACTIVE and fp.hits("torn_append", new):
             fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
         return new

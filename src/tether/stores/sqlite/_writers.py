@@ -70,15 +70,20 @@ class Writers:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: ``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any error."""
+        with self._turn(), self._transaction() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction, the caller holding this process's turn."""
         conn = self._connect()
-        with self._turn():
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                _rollback(conn)
-                raise
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
 
     def together(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``work`` in a write transaction, with whatever other ``together`` work waits meanwhile.
@@ -100,6 +105,16 @@ class Writers:
         return queued.value
 
     def _commit(self, batch: list[_Queued]) -> None:
+        if len(batch) == 1:  # alone: its own transaction, without a savepoint's two statements
+            queued = batch[0]
+            try:
+                with self._transaction() as conn:
+                    queued.value = queued.work(conn)
+            except BaseException as exc:
+                queued.error = exc
+            finally:
+                queued.done = True
+            return
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")

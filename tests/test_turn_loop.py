@@ -129,6 +129,36 @@ def test_an_interrupt_during_a_watched_request_releases_the_run_and_writes_nothi
     assert "model_replied" not in kinds(state) and "model_failed" not in kinds(state)
 
 
+@pytest.mark.parametrize("what", ["turns it into an error", "swallows it"])
+def test_an_interrupt_during_a_request_that_mishandles_cancellation_still_writes_nothing_for_it(
+    store: Any, what: str
+) -> None:
+    waiting = asyncio.Event()
+
+    async def sloppy(request: Any) -> str:
+        waiting.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if what == "swallows it":
+                return "answered anyway"
+            raise RuntimeError("the SDK wrapped the cancel") from None
+        return "never"
+
+    async def drive() -> None:
+        agent = Agent(ScriptedModel([sloppy]), store=store, poll_interval=0.01)
+        task = asyncio.ensure_future(agent.arun("hi", id="sloppy"))
+        await waiting.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(drive())
+    state = store.load("sloppy")
+    assert kinds(state)[-1] == "run_released"
+    assert "model_replied" not in kinds(state) and "model_failed" not in kinds(state)
+
+
 def test_results_that_finish_together_are_journaled_and_each_call_runs_once(store: Any) -> None:
     ran: list[int] = []
 

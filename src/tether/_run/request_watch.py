@@ -8,8 +8,9 @@ armed only once the request first waits. A request that answers without waiting 
 cache) costs no timer, no task and no extra loop iteration.
 
 A cancel found by the watch cancels the caller's task, which abandons the request where it waits; the
-watch then takes that cancellation back (``Task.uncancel``), so an interrupt that came meanwhile (Ctrl+C,
-SIGTERM, a lost lease) is still raised.
+watch then takes that cancellation back (``Task.uncancel``). An interrupt that came meanwhile (Ctrl+C,
+SIGTERM, a lost lease: a cancel of the task from elsewhere) is raised as ``CancelledError`` even when
+the request swallowed it or turned it into an error, so it never becomes a ``model_failed``.
 """
 
 from __future__ import annotations
@@ -44,31 +45,28 @@ async def await_watched(request: Awaitable[T], inbox: InboxWatch, poll_interval:
     task = asyncio.current_task()
     assert task is not None
     watch = _Watch(task, inbox, poll_interval)
+    outcome: T | BaseException
     try:
-        result = await _Stepped(request, watch.arm)
-    except Exception as exc:
-        if not watch.cancel_sent:
-            return exc
-        task.uncancel()  # the request turned the watch's cancel into an error: abandoned all the same
+        outcome = await _Stepped(request, watch.arm)
+    except BaseException as exc:  # the request's error, or a cancel it let through
+        outcome = exc
+    finally:
+        watch.disarm()
+    if watch.cancel_sent:
+        task.uncancel()  # the watch's own cancel: taken back, whatever the request made of it
+    if task.cancelling() > watch.cancelling:  # an interrupt came meanwhile: raised, whatever the request did
+        if isinstance(outcome, asyncio.CancelledError):
+            raise outcome
+        raise asyncio.CancelledError() from (outcome if isinstance(outcome, BaseException) else None)
+    if watch.cancel_sent:  # a cancel item (or a failed read): the request is abandoned, its outcome unread
         if watch.error is not None:
             raise watch.error from None
         return CANCELLED
-    except asyncio.CancelledError:
-        if watch.cancel_sent and task.uncancel() <= watch.cancelling:
-            if watch.error is not None:
-                raise watch.error from None
-            return CANCELLED
-        raise
-    finally:
-        watch.disarm()
-    if (
-        watch.cancel_sent
-    ):  # the request swallowed the cancel and answered anyway: it is abandoned all the same
-        task.uncancel()
-        if watch.error is not None:
-            raise watch.error
-        return CANCELLED
-    return result
+    if isinstance(outcome, Exception):
+        return outcome
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 class _Watch:

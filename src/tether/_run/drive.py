@@ -124,7 +124,7 @@ class Drive:
             self.trace.end()
             ACTIVE_DRIVES.discard((loop, task))
             if self.gate.renewer is not None:
-                self.gate.renewer.stop_event.set()
+                self.gate.renewer.stop()
 
     async def run_compaction(self) -> State:
         """Consume the inbox, compact, and release: ``agent.compact`` as a short-lived taker."""

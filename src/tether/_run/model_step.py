@@ -20,6 +20,8 @@ from ..output import OUTPUT_TOOL, OutputSpec, OutputValidationError
 from ..tools import ToolInputError
 from .agent_spec import DrivenAgent
 from .inbox import InboxWatch
+from .request_watch import CANCELLED, await_watched
+from .spans import NO_SPAN
 from .writer import Writer
 
 __all__ = ["COMPACT_INSTRUCTIONS", "COMPACT_PROMPT", "ModelStep", "backoff"]
@@ -101,20 +103,18 @@ class ModelStep:
 
         if self.emit is not None and state.history and state.history[-1].kind == "model_failed":
             self.emit(Reset(request.index))
-        ask = self.writer.trace.chat(request).task(agent.model.request(request, on_text))
-        try:
-            cancelled = await self._watch_for_cancel(ask)
-        except BaseException:
-            ask.cancel()
-            raise
-        if cancelled:
-            ask.cancel()
+        span = self.writer.trace.chat(request)
+        if span is NO_SPAN:  # awaited in this task; the inbox is read only once the request waits
+            reply = await await_watched(
+                agent.model.request(request, on_text), self.inbox, agent.poll_interval
+            )
+        else:  # traced: the request runs in a task of its own, with its span current there
+            reply = await self._traced(span.task(agent.model.request(request, on_text)))
+        if reply is CANCELLED:
             await self.inbox.consume()
             return
-        try:
-            reply = ask.result()
-        except Exception as exc:
-            await self._model_failed(exc)
+        if isinstance(reply, Exception):
+            await self._model_failed(reply)
             return
         await self._replied(reply)
 
@@ -161,17 +161,27 @@ class ModelStep:
         self.writer.add(j.Compacted, summary=summary, upto_seq=len(state.history), usage=reply.usage)
         await self.writer.flush()
 
-    async def _watch_for_cancel(self, ask: asyncio.Future[ModelReply]) -> bool:
-        """Wait for the reply while watching the inbox for a cancel; returns True when one came."""
-        while True:
-            done, _ = await asyncio.wait({ask}, timeout=self.agent.poll_interval)
-            if done:
-                return False
-            items = await self.inbox.read()
-            if items:
-                self.inbox.hold(items)
-                if any(item.type == "cancel" for item in items):
-                    return True
+    async def _traced(self, ask: asyncio.Task[ModelReply]) -> ModelReply | Exception:
+        """Wait for a request's task while watching the inbox for a cancel.
+
+        Returns:
+            The reply, the exception the request raised, or ``CANCELLED`` when a cancel came in.
+        """
+        try:
+            while True:
+                done, _ = await asyncio.wait({ask}, timeout=self.agent.poll_interval)
+                if done:
+                    error = None if ask.cancelled() else ask.exception()
+                    return error if isinstance(error, Exception) else ask.result()
+                items = await self.inbox.read()
+                if items:
+                    self.inbox.hold(items)
+                    if any(item.type == "cancel" for item in items):
+                        ask.cancel()
+                        return CANCELLED
+        except BaseException:
+            ask.cancel()
+            raise
 
     async def _model_failed(self, exc: Exception) -> None:
         state, agent = self.state, self.agent

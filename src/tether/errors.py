@@ -20,6 +20,7 @@ __all__ = [
     "StoreFullError",
     "StoreLockedError",
     "TetherError",
+    "UnencodableError",
 ]
 
 
@@ -138,3 +139,18 @@ class ModelError(TetherError):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+class UnencodableError(TetherError, TypeError):
+    """A new entry holds a value no journal can hold (lone surrogates are replaced, never refused).
+
+    Attributes:
+        problem: what the JSON encoder said (``Integer exceeds 64-bit range``, ``Dict key must be str``).
+    """
+
+    def __init__(self, what: str, problem: str) -> None:
+        self.problem = problem
+        super().__init__(
+            f"{what} cannot be journaled: {problem}. Fix: give it JSON values only (strings, integers within "
+            "64 bits, floats, booleans, None, lists, and dicts with string keys); nothing was journaled"
+        )

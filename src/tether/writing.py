@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import journal as j
+from ._encodable import journal_safe
 from .state import State
 
 __all__ = ["JournalWriter"]
@@ -40,8 +41,13 @@ class JournalWriter:
         """Make the next entry, fold it into the State, and keep it until an append takes it.
 
         In a journal of an older format the entry carries ``v`` (this tether's format), so an older tether
-        reading the journal refuses it as newer (DESIGN 4).
+        reading the journal refuses it as newer (DESIGN 4). Lone surrogates in its strings become U+FFFD
+        before it is folded (``tether._encodable``), so the State holds what a load returns.
+
+        Raises:
+            UnencodableError: a field holds a value no journal can hold; nothing was added.
         """
+        fields = journal_safe(fields, f"run {self.state.id}: a {entry_type.kind} entry")
         if self.state.format_version < j.FORMAT_VERSION and entry_type is not j.RunStarted:
             fields.setdefault("v", j.FORMAT_VERSION)
         entry = entry_type(seq=len(self.state.history), at=j.now_iso(), **fields)

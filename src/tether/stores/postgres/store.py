@@ -99,6 +99,7 @@ class PostgresStore(Store):
                  connect_timeout: float = 5, migrate: bool = True, pool_timeout: float = 30.0,
                  retry_timeout: float = 30.0) -> None:  # fmt: skip
         super().__init__()
+        self.io_threads.limit = max(self.io_threads.limit or 1, pool_max)  # every pooled connection in use
         if not 0 <= pool_min <= pool_max or pool_max < 1:
             raise ValueError(f"pool_min={pool_min}, pool_max={pool_max}. Fix: 0 <= pool_min <= pool_max >= 1")
         self.dsn, self.ttl, self.auto_migrate = dsn, ttl, migrate

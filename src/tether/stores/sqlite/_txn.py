@@ -12,13 +12,12 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from ...errors import TetherError
 from .._records import full_error, locked_error
 
-__all__ = ["Connection", "connect", "is_full", "write"]
+__all__ = ["Connection", "begin", "connect", "is_full", "store_error"]
 
 
 class Connection(sqlite3.Connection):
@@ -57,7 +56,7 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return _code(exc) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "database is locked" in str(exc)
 
 
-def _begin(conn: sqlite3.Connection, path: Path, lock_timeout: float, run_id: str | None) -> None:
+def begin(conn: sqlite3.Connection, path: Path, lock_timeout: float, run_id: str | None) -> None:
     """``BEGIN IMMEDIATE``, waiting out another process's write for up to ``lock_timeout`` seconds.
 
     Raises:
@@ -77,24 +76,10 @@ def _begin(conn: sqlite3.Connection, path: Path, lock_timeout: float, run_id: st
             time.sleep(0.01)  # each try waits the busy timeout itself; this only yields between tries
 
 
-@contextlib.contextmanager
-def write(
-    conn: sqlite3.Connection, path: Path, lock_timeout: float, run_id: str | None = None
-) -> Iterator[sqlite3.Connection]:
-    """One write transaction on ``conn``, rolled back on any error.
-
-    Raises:
-        StoreLockedError: another process held the write lock past ``lock_timeout``.
-        StoreFullError: the file (or its disk) had no room; nothing of this transaction was written.
-    """
-    _begin(conn, path, lock_timeout, run_id)
-    try:
-        yield conn
-        conn.execute("COMMIT")
-    except BaseException as exc:
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-        if is_full(exc):
-            raise full_error(run_id, str(path), str(exc)) from exc
-        raise
+def store_error(exc: BaseException, path: Path, run_id: str | None) -> BaseException:
+    """The error to raise for ``exc`` from a write transaction: a full file becomes ``StoreFullError``."""
+    if is_full(exc):
+        error = full_error(run_id, str(path), str(exc))
+        error.__cause__ = exc
+        return error
+    return exc

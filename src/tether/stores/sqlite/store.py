@@ -63,6 +63,7 @@ from ..base import (
 )
 from ._schema import FREE as _FREE
 from ._schema import HELD as _HELD
+from ._schema import INSERT_ENTRY as _INSERT_ENTRY
 from ._schema import INSERT_METADATA as _INSERT_METADATA
 from ._schema import LISTED as _LISTED
 from ._schema import METADATA_PAIR as _METADATA_PAIR
@@ -72,7 +73,7 @@ from ._schema import SCHEMA_VERSION
 from ._schema import WORK as _WORK
 from ._txn import Connection as _Connection
 from ._txn import connect as _connect
-from ._txn import write as _write_txn
+from ._writers import IO_THREADS, Writers
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -142,6 +143,7 @@ class SQLiteStore(Store):
         lock_timeout: float = 30.0,
     ) -> None:
         super().__init__()
+        self.io_threads.limit = IO_THREADS  # appends waiting at once share a commit (``_writers``)
         self.ttl = ttl
         self.busy_timeout_ms = int(busy_timeout_ms)
         self.lock_timeout = float(lock_timeout)
@@ -163,6 +165,9 @@ class SQLiteStore(Store):
         self._local = threading.local()
         self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._conns_lock = threading.Lock()
+        self._writers = Writers(
+            self._conn, self.path, self.lock_timeout
+        )  # this process's writes, one at a time
         try:
             self._migrate(self._conn())
         except sqlite3.DatabaseError as exc:  # not a database, a folder, no permission, locked too long
@@ -189,8 +194,8 @@ class SQLiteStore(Store):
         return conn
 
     def _write(self, run_id: str | None = None) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        """One write transaction (for ``run_id``, named in its errors): see ``_txn.write``."""
-        return _write_txn(self._conn(), self.path, self.lock_timeout, run_id)
+        """One write transaction (for ``run_id``, named in its errors): see ``Writers.transaction``."""
+        return self._writers.transaction(run_id)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         """Bring the schema to ``SCHEMA_VERSION``, or refuse a newer one."""
@@ -274,10 +279,7 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, run_id: str, entries: Iterable[j.Entry]) -> None:
-        conn.executemany(
-            "INSERT INTO entries (run_id, seq, body) VALUES (?, ?, ?)",
-            [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries],
-        )
+        conn.executemany(_INSERT_ENTRY, [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries])
 
     def append(
         self,
@@ -289,32 +291,48 @@ class SQLiteStore(Store):
         lease_token: int | None,
         info: dict[str, Any],
     ) -> None:
-        with self._write(run_id) as conn:
-            now = time.time()
-            n, token, owner, expires = self._row(conn, run_id, _HELD)
-            if lease_token != token or not _live(owner, expires, now):
-                raise lease_lost_error(run_id, lease_token, token)
-            stored = functools.partial(_stored, conn, run_id)
-            new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
-            if not new:
-                return
-            if fp.ACTIVE and fp.hits("before_append", new):
-                fp.die()
-            cur = conn.execute(
-                "UPDATE runs SET agent = ?, status = ?, turn = ?, first_message = ?, created_at = ?, "
-                "updated_at = ?, parent_id = ?, root_id = ?, info = ?, length = ?, inbox_consumed = ? "
-                "WHERE id = ? AND length = ? AND lease_token = ? AND lease_owner IS NOT NULL "
-                "AND (lease_expires_at IS NULL OR lease_expires_at > ?)",
-                (*self._listing(info), n + len(new), int(info.get("inbox_consumed", -1)),
-                 run_id, n, lease_token, now),
-            )  # fmt: skip
-            if cur.rowcount != 1:  # cannot happen under the write lock; the fence is here all the same
-                raise lease_lost_error(run_id, lease_token, token)
-            self._insert(conn, run_id, new)
-            if fp.ACTIVE and fp.hits("torn_append", new):
-                fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
-        if fp.ACTIVE and fp.hits("after_append", new):
+        rows = [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries]  # before the write lock
+        listing = (*self._listing(info), int(info.get("inbox_consumed", -1)))
+        new = self._writers.together(
+            functools.partial(self._append, run_id, entries, rows, expected_seq, lease_token, listing), run_id
+        )  # committed with the appends of other runs that wait meanwhile (one sync for all)
+        if fp.ACTIVE and new and fp.hits("after_append", new):
             fp.die()
+
+    def _append(
+        self,
+        run_id: str,
+        entries: Sequence[j.Entry],
+        rows: list[tuple[str, int, bytes]],
+        expected_seq: int,
+        lease_token: int | None,
+        listing: tuple[Any, ...],
+        conn: sqlite3.Connection,
+    ) -> list[j.Entry]:
+        """One append's writes in ``conn``'s transaction (``rows`` and ``listing`` made before it); returns the new."""
+        now = time.time()
+        n, token, owner, expires = self._row(conn, run_id, _HELD)
+        if lease_token != token or not _live(owner, expires, now):
+            raise lease_lost_error(run_id, lease_token, token)
+        stored = functools.partial(_stored, conn, run_id)
+        new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
+        if not new:
+            return new
+        if fp.ACTIVE and fp.hits("before_append", new):
+            fp.die()
+        cur = conn.execute(
+            "UPDATE runs SET agent = ?, status = ?, turn = ?, first_message = ?, created_at = ?, "
+            "updated_at = ?, parent_id = ?, root_id = ?, info = ?, length = ?, inbox_consumed = ? "
+            "WHERE id = ? AND length = ? AND lease_token = ? AND lease_owner IS NOT NULL "
+            "AND (lease_expires_at IS NULL OR lease_expires_at > ?)",
+            (*listing[:-1], n + len(new), listing[-1], run_id, n, lease_token, now),
+        )  # fmt: skip
+        if cur.rowcount != 1:  # cannot happen under the write lock; the fence is here all the same
+            raise lease_lost_error(run_id, lease_token, token)
+        conn.executemany(_INSERT_ENTRY, rows[len(entries) - len(new) :])
+        if fp.ACTIVE and fp.hits("torn_append", new):
+            fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
+        return new
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         after_seq = max(after_seq, -1)
@@ -412,7 +430,8 @@ class SQLiteStore(Store):
             return None
         now = time.time()
         only, named = ("", []) if names is None else (f" AND agent IN ({', '.join('?' * len(names))})", names)
-        with self._write() as conn:
+
+        def take(conn: sqlite3.Connection) -> Lease | None:
             row = _one(conn, _NEXT + only + " ORDER BY updated_at, id LIMIT 1", [now, now, *named])
             if row is not None:
                 return self._take(conn, row[0], owner, ttl)
@@ -424,9 +443,12 @@ class SQLiteStore(Store):
                     return self._take(conn, run_id, owner, ttl)
             return None
 
+        return self._writers.together(take)  # committed with other writes waiting meanwhile
+
     def renew(self, lease: Lease) -> Lease:
         _, expires, renewed = self._lease(lease.run_id, lease.token, lease.owner, lease.ttl)
-        with self._write() as conn:
+
+        def extend(conn: sqlite3.Connection) -> None:
             cur = conn.execute(
                 "UPDATE runs SET lease_expires_at = ? "
                 "WHERE id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
@@ -434,10 +456,12 @@ class SQLiteStore(Store):
             )
             if cur.rowcount != 1:
                 raise lease_lost_error(lease.run_id, lease.token)
+
+        self._writers.together(extend, lease.run_id)
         return renewed
 
     def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
-        with self._write() as conn:
+        def let_go(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
                 "WHERE id = ? AND lease_token = ? AND length = ? AND inbox_len = ?",
@@ -447,6 +471,8 @@ class SQLiteStore(Store):
                 return True
             (token,) = self._row(conn, lease.run_id, "lease_token")
             return bool(token != lease.token)  # taken over: nothing of ours to release
+
+        return self._writers.together(let_go, lease.run_id)  # committed with other writes waiting meanwhile
 
     def abandon(self, lease: Lease) -> None:
         try:

@@ -31,6 +31,8 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/turns.py
 	$(PY) bench/turns_sqlite.py --turns 100,1000
+	$(PY) bench/turn_anatomy.py
+	$(PY) bench/concurrency.py
 	$(PY) bench/listing.py
 	$(PY) bench/import_time.py
 	$(PY) bench/tracing.py

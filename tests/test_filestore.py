@@ -477,7 +477,9 @@ def test_bit_flip_in_a_middle_line_is_corruption(tmp_path: Path) -> None:
     ):
         FileStore(tmp_path).read("r1")
     path.write_bytes(data.replace(b'"hello 1"', b'"hello 1'))  # no longer JSON
-    with pytest.raises(CorruptJournalError, match=r"run r1 seq 2 is damaged: the entry is not valid JSON"):
+    with pytest.raises(
+        CorruptJournalError, match=r"run r1 seq 2 is damaged: line 3 of .*r1\.jsonl is not valid JSON"
+    ):
         FileStore(tmp_path).read("r1")
     lines = data.split(b"\n")
     path.write_bytes(b"\n".join(lines[:4] + lines[5:]))  # a listing line missing mid-file: not a torn tail
@@ -948,3 +950,24 @@ def test_claim_next_checks_the_run_again_once_held(tmp_path: Path, monkeypatch: 
     store.post("r1", {"type": "message", "role": "user", "content": []})
     taken = store.claim_next(Owner.here())  # the stale listing, but the fresh record has an item
     assert taken is not None and taken.run_id == "r1" and store.holder("r1") == taken.owner
+
+
+def test_a_deleted_lock_file_lets_no_other_store_object_of_this_process_in_and_the_holder_relocks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder_store, other = FileStore(tmp_path), FileStore(tmp_path)
+    state, lease = create(holder_store, "r1")
+    assert lease is not None
+    (tmp_path / "r1.lock").unlink()
+    with pytest.raises(RunBusyError, match=f"pid {os.getpid()} "):
+        other.claim("r1", Owner.here())
+    with pytest.raises(RunBusyError):
+        other.delete("r1")
+    with caplog.at_level("WARNING", logger="tether"):
+        append(holder_store, state, lease)  # the holder's next append locks a new lock file
+    assert "r1.lock was deleted or replaced" in caplog.text
+    assert other.holder("r1") is not None  # a probe sees it held again
+    with pytest.raises(RunBusyError):
+        other.claim("r1", Owner.here())
+    assert holder_store.release(lease, at_seq=len(state.history), inbox_len=0)
+    assert other.claim("r1", Owner.here()).token == lease.token + 1  # released: free as before

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import journal as j
+from ._encodable import journal_safe
 from .state import State
 
 __all__ = ["JournalWriter"]
@@ -41,8 +42,13 @@ class JournalWriter:
 
         A journal begun in format 1 is appended to in format 2, each entry carrying ``v`` 2 (so a format-1
         tether refuses the journal as newer, DESIGN 4); a format-2 journal stays format 2, a format-3 one
-        format 3 (``docs/journal-format.md``).
+        format 3 (``docs/journal-format.md``). Lone surrogates in its strings become U+FFFD before it is
+        folded (``tether._encodable``), so the State holds what a load returns.
+
+        Raises:
+            UnencodableError: a field holds a value no journal can hold; nothing was added.
         """
+        fields = journal_safe(fields, f"run {self.state.id}: a {entry_type.kind} entry")
         if self.state.format_version < j.LEGACY_VERSION and entry_type is not j.RunStarted:
             fields.setdefault("v", j.LEGACY_VERSION)
         entry = entry_type(seq=len(self.state.history), at=j.now_iso(), **fields)

@@ -9,6 +9,8 @@ import time
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
+from .._encodable import clean, clean_text
+
 __all__ = [
     "EFFECTS",
     "FINAL_STATUSES",
@@ -77,6 +79,8 @@ MAX_METADATA_BYTES = 4096
 def validate_metadata(metadata: object) -> dict[str, str]:
     """A copy of ``metadata`` if it is valid run metadata (string keys and values, 64 pairs, 4 KB), else raise.
 
+    Lone surrogates in keys and values become U+FFFD, as everywhere in a journal (``tether._encodable``).
+
     Raises:
         TypeError: not a dict of strings to strings.
         ValueError: an empty key, too many pairs, or too many bytes.
@@ -101,13 +105,15 @@ def validate_metadata(metadata: object) -> dict[str, str]:
             f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed. Fix: keep the "
             "keys you filter or group runs by, and put the rest in the prompt or your own database"
         )
-    size = sum(len(key.encode()) + len(value.encode()) for key, value in metadata.items())
+    size = sum(
+        len(clean_text(key).encode()) + len(clean_text(value).encode()) for key, value in metadata.items()
+    )
     if size > MAX_METADATA_BYTES:
         raise ValueError(
             f"metadata holds {size} bytes; at most {MAX_METADATA_BYTES} are allowed. Fix: keep ids and short "
             "labels in metadata, and larger data in your own database"
         )
-    return dict(metadata)
+    return clean(dict(metadata))
 
 
 def new_run_id() -> str:

@@ -15,7 +15,6 @@ from ...errors import ConflictError, LeaseLostError, RunBusyError, RunNotFoundEr
 from ...state import State
 from ...stores.base import Owner, Store
 from .support import (
-    _SPAWN,
     ConformanceBase,
     _post_items,
     _token,
@@ -227,7 +226,7 @@ class JournalCases(ConformanceBase):
         self.needs_processes()
         make_sealed(store, "r1")
         url = self.store_url(tmp_path)
-        with _SPAWN.Pool(4) as pool:
+        with self.pool(4, url) as pool:
             results = pool.starmap(_post_items, [(url, "r1", f"p{i}", 50, False) for i in range(4)])
         got = sorted(seq for seqs in results for seq in seqs)
         assert got == list(range(200))
@@ -245,7 +244,7 @@ class JournalCases(ConformanceBase):
         state, lease = make_run(store, "r1", held=True)
         assert lease is not None
         url = self.store_url(tmp_path)
-        with _SPAWN.Pool(4) as pool:
+        with self.pool(4, url) as pool:
             pending = pool.starmap_async(_post_items, [(url, "r1", f"p{n}", 25) for n in range(4)])
             while not pending.ready():
                 add(store, state, lease)  # the holder keeps appending and consuming meanwhile

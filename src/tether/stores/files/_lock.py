@@ -195,8 +195,13 @@ def read_lock(fd_or_path: int | str) -> dict[str, Any]:
 
 
 def write_lock(fd: int, content: dict[str, Any]) -> None:
-    """Replace a held lock file's content and fsync it (written first, then cut: a crash leaves line 1)."""
-    data = orjson.dumps(content) + b"\n"
+    """Replace a held lock file's content and fsync it (written first, then cut: a crash leaves line 1).
+
+    The content also names the file's own inode (``inode``: device and number), so a taker can tell a
+    file a holder wrote from one that replaced it (``_holders``).
+    """
+    st = os.fstat(fd)
+    data = orjson.dumps({**content, "inode": [st.st_dev, st.st_ino]}) + b"\n"
     pwrite_all(fd, data, 0)
     os.ftruncate(fd, len(data))
     os.fsync(fd)

@@ -24,6 +24,7 @@ __all__ = [
     "JTail",
     "Parsed",
     "anchored",
+    "named",
     "parse_forward",
     "parse_inbox",
     "refresh_inbox",
@@ -75,6 +76,56 @@ def _corrupt(run_id: str, seq: int | None, problem: str) -> CorruptJournalError:
     return CorruptJournalError(run_id, seq, problem)
 
 
+class _LineError(CorruptJournalError):
+    """A damaged line at file offset ``offset``; ``named`` says which line of which file."""
+
+    def __init__(self, run_id: str, seq: int | None, offset: int | None, what: str, stray: bool) -> None:
+        super().__init__(run_id, seq, f"its line {what}")
+        self.offset, self.what, self.stray = offset, what, stray
+
+
+_STRAY = (
+    "is not a tether journal entry (a JSON object without the fields every entry line begins with): a line "
+    "something else wrote, or a damaged one"
+)
+
+
+def _line_error(run_id: str, seq: int, offset: int, line: bytes, exc: CorruptJournalError) -> _LineError:
+    """``exc`` (the decoder's) about the line at ``offset``; a JSON object no tether wrote is called stray."""
+    if not line.startswith((b'{"h"', b'{"kind"')):
+        try:
+            stray = isinstance(orjson.loads(line), dict)
+        except orjson.JSONDecodeError:
+            stray = False
+        if stray:
+            return _LineError(run_id, seq, offset, _STRAY, True)
+    return _LineError(
+        run_id, seq, offset, exc.problem.removeprefix("its line ").removeprefix("the entry "), False
+    )
+
+
+def named(exc: CorruptJournalError, path: str) -> CorruptJournalError:
+    """``exc`` naming its line (``line 7 of /runs/r.jsonl``) when it is about one line, with the fix for it.
+
+    The line's number is counted from the file's start (an error path: the cost is no concern).
+    """
+    if not isinstance(exc, _LineError) or exc.offset is None:
+        return exc
+    try:
+        with open(path, "rb") as file:
+            number = file.read(exc.offset).count(b"\n") + 1
+    except OSError:
+        return exc
+    fix = None
+    if exc.stray:
+        fix = (
+            f"if something other than tether wrote line {number}, remove that line (the journal is whole "
+            f"without it); otherwise restore the run from a backup, or fork it before the damaged entry "
+            f"(tether fork {exc.run_id} --at SEQ)"
+        )
+    return CorruptJournalError(exc.run_id, exc.seq, f"line {number} of {path} {exc.what}", fix=fix)
+
+
 def parse_forward(
     run_id: str, data: bytes, *, base: int, seq: int, version: int | None, keep: bool
 ) -> Parsed:
@@ -94,6 +145,7 @@ def parse_forward(
     expect: int | None = None  # None: an append begins; -1: its listing line is due; k: the next b
     pos = 0
     for line in data.split(b"\n")[:-1]:
+        at = base + pos  # the line's file offset
         pos += len(line) + 1
         if line.startswith(LISTING):
             if expect != -1:
@@ -108,11 +160,15 @@ def parse_forward(
             continue
         if expect == -1:
             raise _corrupt(run_id, seq, "the append before this entry has no listing line")
-        entry = decode(line, version, seq)
+        try:
+            entry = decode(line, version, seq)
+        except CorruptJournalError as exc:
+            raise _line_error(run_id, seq, at, line, exc) from None
         b = entry.b
         if b.__class__ is not int or b < 0 or (expect is not None and b != expect):
-            raise _corrupt(
-                run_id, seq, f"its line breaks the append's countdown (b={b!r}, expected {expect})"
+            due = "any" if expect is None else str(expect)
+            raise _LineError(
+                run_id, seq, at, f"breaks the append's countdown (b is {b!r}, {due} was due)", False
             )
         if entry.seq != seq:
             raise _corrupt(run_id, entry.seq, f"expected seq {seq} here")

@@ -10,7 +10,10 @@ Each run has three files, all 0600 in a 0700 folder:
   newline-terminated line that fails to decode or its checksum, or that breaks the countdown, is corruption.
 - ``<id>.inbox.jsonl``, the inbox: one JSON line per item (``InboxItem.to_dict()``), numbered by line.
 - ``<id>.lock``, the lease: an exclusive ``flock`` held by the driving store object, with the holder's pid,
-  host, since, writer and token written in it (the token also goes into every listing line).
+  host, since, writer and token written in it (the token also goes into every listing line), and the file's
+  own inode. A take of a lock file that does not name its own inode (deleted and re-created, or replaced
+  from outside) first looks for a live holder of the old one, and the holder locks a new file when it finds
+  its own gone (``_holders``, DURABILITY 4). A holder keeps the journal open from its take to its release.
 
 Appends and posts hold ``flock(LOCK_EX)`` on their file for check, write and sync; readers hold
 ``LOCK_SH`` only while copying bytes. Tail state (size, length, last append) is cached per run and checked
@@ -28,6 +31,7 @@ writes; ``torn_append`` writes about half of the append's bytes (cut inside a li
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import os
@@ -42,17 +46,18 @@ from typing import Any
 import orjson
 
 from ... import journal as j
-from ...errors import RunBusyError, RunNotFoundError, StoreBrokenError
+from ...errors import CorruptJournalError, RunBusyError, RunNotFoundError, StoreBrokenError, StoreFullError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .._planner import Stored, plan_append, stored_entry
-from .._records import lease_lost_error
+from .._records import full_error, lease_lost_error, no_room
 from ..base import (
     Lease,
     Owner,
     busy_error,
     plan_claim_next,
 )
+from . import _holders as fh
 from . import _lock as fl
 from . import _tail as ft
 from ._info import full_record, listing_line
@@ -156,12 +161,44 @@ class FileStore(FileListing):
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _take(self, run_id: str, lpath: str) -> int:
-        """Take ``<id>.lock`` (retrying 50 ms) or raise RunBusyError naming its holder."""
+    def _take(self, run_id: str, lpath: str, jpath: str) -> int:
+        """Take ``<id>.lock`` (retrying 50 ms) or raise RunBusyError naming its holder.
+
+        A lock file no holder of its inode wrote (deleted and re-created, or replaced) may hide a live
+        holder of the old one: the take then fails too when there is one (DURABILITY 4).
+        """
         fd = fl.take_lock(lpath)
         if fd is None:
             raise busy_error(run_id, owner_in(lpath))
+        error = self._hidden_holder(run_id, fd, jpath, lpath)
+        if error is not None:
+            os.close(fd)
+            raise error
         return fd
+
+    def _hidden_holder(self, run_id: str, fd: int, jpath: str, lpath: str) -> RunBusyError | None:
+        """The RunBusyError for a holder the lock file locked on ``fd`` hides (see ``_holders``), or None."""
+        if fh.trusted(fd) or not os.path.lexists(jpath):
+            return None
+        for other in list(_STORES.values()):  # another store object of this process on this folder
+            held = other._held.get(run_id) if other is not self and other.path == self.path else None
+            if held is not None:
+                return busy_error(run_id, held.owner)
+        return fh.hidden_holder(run_id, fd, jpath, lambda: self.read(run_id), lpath)
+
+    def _keep_lock(self, run_id: str) -> None:
+        """If this object holds the run and its ``<id>.lock`` was deleted or replaced, lock a new one."""
+        if run_id not in self._held:
+            return
+        _, _, lpath = self._paths(run_id)
+        with self._jlock(run_id):
+            held = self._held.get(run_id)
+            if held is None:
+                return
+            new = fh.relock(run_id, held.fd, lpath, _lock_content(held.owner, held.token))
+            if new is not None:
+                os.close(held.fd)  # the old inode's flock: no one else can reach that file any more
+                held.fd = new
 
     @staticmethod
     def _open_run_file(run_id: str, path: str, flags: int) -> int:
@@ -190,7 +227,7 @@ class FileStore(FileListing):
             cached = self._jtails.get(run_id)
             if cached is not None and ft.same(cached, st):
                 return cached
-            with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
+            with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd, _lines_named(jpath):
                 tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, os.fstat(fd), cached)
                 return tail
 
@@ -246,16 +283,20 @@ class FileStore(FileListing):
                     [], len(data), len(entries), version, info_line, entries, info_line, len(data)
                 )
                 self._jtails[run_id] = ft.JTail.of(st, parsed)
-                if owner is None or token is None:
+                if owner is None or token is None:  # written so that a claim trusts the file (DURABILITY 4)
+                    fl.write_lock(fd, {"token": fl.as_int(fl.read_lock(fd).get("token"))})
                     return None
                 fl.write_lock(fd, _lock_content(owner, token))
+                self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)  # open while held
                 self._held[run_id] = Held(fd, token, owner)
                 kept = True
                 return Lease(run_id, token, owner, None)
-            except BaseException:
+            except BaseException as exc:
                 if not linked:
                     with contextlib.suppress(OSError):
                         os.unlink(ipath)
+                if no_room(exc):
+                    raise _full(run_id, jpath, exc) from exc
                 raise
             finally:
                 if not kept:
@@ -274,6 +315,7 @@ class FileStore(FileListing):
         jpath, _, _ = self._paths(run_id)
         entries = list(entries)
         with self._jlock(run_id):
+            self._keep_lock(run_id)
             held = self._held.get(run_id)
             if held is None or held.token != lease_token:  # the fence: this store object holds the flock
                 if not os.path.lexists(jpath):
@@ -305,7 +347,8 @@ class FileStore(FileListing):
                 f"run {run_id}: an earlier write to its journal failed and could not be undone. Fix: stop this "
                 "process and resume the run from a new one (its first append repairs the file)"
             )
-        tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
+        with _lines_named(self._paths(run_id)[0]):
+            tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
         n = tail.length
         stored = functools.partial(_stored, run_id, fd, tail)
         new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
@@ -328,8 +371,10 @@ class FileStore(FileListing):
                 f"run {run_id}: {exc.strerror}. Fix: stop this process and resume the run from a new one (its "
                 "first append repairs the file)"
             ) from exc.__cause__
-        except BaseException:
+        except BaseException as exc:
             self._jtails.pop(run_id, None)
+            if no_room(exc):
+                raise _full(run_id, self._paths(run_id)[0], exc) from exc
             raise
         if fp.ACTIVE and fp.hits("after_append", new):
             fp.die()
@@ -357,7 +402,8 @@ class FileStore(FileListing):
             data = fl.pread_all(fd, st.st_size - base, base)
         first = cached.length if cached is not None else 0
         version = cached.version if cached is not None else None
-        p = ft.parse_forward(run_id, data, base=base, seq=first, version=version, keep=True)
+        with _lines_named(jpath):
+            p = ft.parse_forward(run_id, data, base=base, seq=first, version=version, keep=True)
         if cached is not None and not p.info_line:
             p.info_line, p.last = cached.info_line, cached.last
         with self._jlock(run_id):
@@ -386,8 +432,10 @@ class FileStore(FileListing):
             try:
                 fl.cut_torn(fd, tail.end, tail.size)  # a torn line goes first
                 fl.write_at(fd, line, tail.end)
-            except OSError:
+            except OSError as exc:
                 self._itails.pop(run_id, None)
+                if no_room(exc):
+                    raise _full(run_id, ipath, exc) from exc
                 raise
             after = os.fstat(fd)
             tail.offsets.append(tail.end)
@@ -399,6 +447,7 @@ class FileStore(FileListing):
     def read_inbox(self, run_id: str, after_seq: int = -1) -> list[InboxItem]:
         _, ipath, _ = self._paths(run_id)
         start = max(after_seq + 1, 0)
+        self._keep_lock(run_id)  # the holder polls: a good time to see its lock file is still there
         with self._ilock(run_id), self._locked(run_id, ipath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
             tail = self._inbox_locked(run_id, fd)
             if start >= len(tail.offsets):
@@ -411,6 +460,7 @@ class FileStore(FileListing):
 
     def inbox_length(self, run_id: str) -> int:
         _, ipath, _ = self._paths(run_id)
+        self._keep_lock(run_id)  # before the inbox's lock: the run's lock is always taken first
         with self._ilock(run_id):
             try:
                 st = os.stat(ipath)
@@ -433,13 +483,15 @@ class FileStore(FileListing):
             held = self._held.get(run_id)
             if held is not None:
                 raise busy_error(run_id, held.owner)
-            fd = self._take(run_id, lpath)
+            fd = self._take(run_id, lpath, jpath)
             try:
                 if not os.path.lexists(jpath):  # deleted meanwhile: leave no lock file behind
                     os.unlink(lpath)
                     raise RunNotFoundError(run_id)
                 token = max(fl.as_int(fl.read_lock(fd).get("token")), self._journal_token(run_id, jpath)) + 1
                 fl.write_lock(fd, _lock_content(owner, token))
+                if run_id not in self._jfds:  # open while held: a taker asks /proc who has it open
+                    self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)
             except BaseException:
                 os.close(fd)
                 raise
@@ -549,6 +601,21 @@ def _last_full(tail: ft.JTail) -> dict[str, Any] | None:
         return full_record(tail.full_line) if tail.full_line else None
     except (ValueError, KeyError, TypeError):
         return None
+
+
+@contextlib.contextmanager
+def _lines_named(jpath: str) -> Iterator[None]:
+    """A CorruptJournalError about one line names that line of ``jpath`` (``ft.named``)."""
+    try:
+        yield
+    except CorruptJournalError as exc:
+        raise ft.named(exc, jpath) from None
+
+
+def _full(run_id: str, path: str, exc: BaseException) -> StoreFullError:
+    """The StoreFullError of a write to ``path`` that failed with ``ENOSPC`` or ``EDQUOT`` (``exc``)."""
+    assert isinstance(exc, OSError)
+    return full_error(run_id, path, exc.strerror or str(exc), exc.errno or errno.ENOSPC)
 
 
 def _exists(run_id: str) -> ValueError:

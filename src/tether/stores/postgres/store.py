@@ -45,6 +45,7 @@ from .._listing import ListQuery
 from .._planner import Stored, plan_append, stored_body
 from .._records import kept_changing_error, lease_lost_error
 from ..base import Lease, Owner, RunInfo, Store, busy_error
+from ._connect import first_connect
 from ._sql import (
     CHANNEL,
     EPOCH,
@@ -98,6 +99,7 @@ class PostgresStore(Store):
                  connect_timeout: float = 5, migrate: bool = True, pool_timeout: float = 30.0,
                  retry_timeout: float = 30.0) -> None:  # fmt: skip
         super().__init__()
+        self.io_threads.limit = max(self.io_threads.limit or 1, pool_max)  # every pooled connection in use
         if not 0 <= pool_min <= pool_max or pool_max < 1:
             raise ValueError(f"pool_min={pool_min}, pool_max={pool_max}. Fix: 0 <= pool_min <= pool_max >= 1")
         self.dsn, self.ttl, self.auto_migrate = dsn, ttl, migrate
@@ -124,6 +126,7 @@ class PostgresStore(Store):
             if self._closed:
                 raise TetherError(f"store {self.identity} is closed. Fix: open a new PostgresStore")
             if pid not in self._pools:  # a parent's pool is left alone: psycopg never closes it from here
+                first_connect(self._conninfo, self.identity)  # one clear error, not the pool's retries
                 self._pools[pid] = ConnectionPool(
                     self._conninfo, min_size=self.pool_min, max_size=self.pool_max, open=True,
                     kwargs={"autocommit": True}, timeout=self.pool_timeout, name=f"tether-{pid}",

@@ -50,6 +50,7 @@ from ..base import Lease, Owner, RunInfo, Store, run_sync
 from . import _primitives as p
 from . import _schema
 from ._conn import AsyncCx, Cx, SyncCx
+from ._connect import first_connect
 from ._sql import (
     CHANNEL,
     HAS_METADATA,
@@ -106,6 +107,7 @@ class PostgresStore(Store):
                  pool_max: int = 10, connect_timeout: float = 5, migrate: bool = True, pool_timeout: float = 30.0,
                  retry_timeout: float = 30.0) -> None:  # fmt: skip
         super().__init__()
+        self.io_threads.limit = max(self.io_threads.limit or 1, pool_max)  # every pooled connection in use
         if not 0 <= pool_min <= pool_max or pool_max < 1:
             raise ValueError(f"pool_min={pool_min}, pool_max={pool_max}. Fix: 0 <= pool_min <= pool_max >= 1")
         dsn, self.schema, named = split_schema(dsn, schema)
@@ -137,6 +139,7 @@ class PostgresStore(Store):
         with self._lock:
             self._check_open()
             if pid not in self._pools:  # a parent's pool is left alone: psycopg never closes it from here
+                first_connect(self._conninfo, self.identity)  # one clear error, not the pool's retries
                 self._pools[pid] = ConnectionPool(
                     self._conninfo, min_size=self.pool_min, max_size=self.pool_max, open=True,
                     kwargs={"autocommit": True}, timeout=self.pool_timeout, name=f"tether-{pid}",

@@ -32,9 +32,13 @@ bench: $(STAMP)
 	$(PY) bench/turns.py
 	$(PY) bench/turns_sqlite.py --turns 100,1000
 	$(PY) bench/turns_postgres.py --turns 100,1000
+	$(PY) bench/turn_anatomy.py
+	$(PY) bench/concurrency.py
 	$(PY) bench/listing.py
 	$(PY) bench/import_time.py
 	$(PY) bench/tracing.py
+	$(PY) bench/journal_bytes.py
+	$(PY) bench/load.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache

@@ -104,7 +104,7 @@ def run_turns(folder: Path, turns: int) -> dict[str, float]:
 
 def _count_appends(journal: Path) -> int:
     # Each append ends with one info line (it has no "seq").
-    return sum(1 for line in journal.read_bytes().splitlines() if not line.startswith(b'{"kind"'))
+    return sum(1 for line in journal.read_bytes().splitlines() if line.startswith(b'{"info"'))
 
 
 def baseline(folder: Path, turns: int, syncs_per_turn: float, append_bytes: int, sync_call: str) -> float:

@@ -4,6 +4,8 @@ table and recovery of DESIGN 7, continuing runs. Real processes and crashes are 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -892,3 +894,17 @@ def test_the_driving_process_holds_exactly_the_entries_a_load_returns(store: Any
     ]
     assert all(e.h and e.w for e in state.history)  # every entry in the fold is the sealed one
     assert state.output == loaded.output == "done" and state.reason is None
+
+
+def test_import_tether_loads_the_driver_only_when_a_run_is_driven() -> None:
+    code = (
+        "import sys, tether\n"
+        "before = sorted(m for m in ('tether._run.drive', 'tether._run.taking', 'tether.context') if m in sys.modules)\n"
+        "import tether.testing\n"
+        "agent = tether.Agent(tether.testing.ScriptedModel(['hi']))\n"
+        "state = agent.run('go')\n"
+        "print(before, state.status, 'tether._run.drive' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] completed True"

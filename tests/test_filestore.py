@@ -149,7 +149,7 @@ def test_create_read_round_trip_with_private_modes(tmp_path: Path) -> None:
     assert FileStore(folder).read("r1") == state.history  # another object, cold caches
     lines = (folder / "r1.jsonl").read_bytes().split(b"\n")
     assert lines[-1] == b"" and orjson.loads(lines[-2])["info"]["length"] == 3
-    assert [orjson.loads(line)["b"] for line in lines[:3]] == [2, 1, 0]
+    assert [orjson.loads(line).get("b", 0) for line in lines[:3]] == [2, 1, 0]  # 0 is left out
 
 
 def test_folder_is_created_on_first_write_not_by_looking(tmp_path: Path) -> None:
@@ -247,8 +247,8 @@ def test_tokens_increase_across_claims_and_store_objects(tmp_path: Path) -> None
         s.abandon(lease)
         s.abandon(lease)  # twice is harmless
     assert tokens == [1, 2, 3, 4, 5]
-    info = orjson.loads((tmp_path / "r1.jsonl").read_bytes().split(b"\n")[-2])["info"]
-    assert info["token"] == 5 and info["length"] == 7
+    last = orjson.loads((tmp_path / "r1.jsonl").read_bytes().split(b"\n")[-2])["i"]  # a short listing line
+    assert last["token"] == 5 and store.list()[0].length == 7
     (tmp_path / "r1.lock").write_bytes(b"")  # a lost lock content: the journal's last token still counts
     assert store.claim("r1", Owner.here()).token == 6
 
@@ -413,7 +413,7 @@ def test_retried_append_is_skipped_and_conflicts_are_refused(tmp_path: Path) -> 
         older = queue_messages(State.replay("r1", store.read("r1")[:1]))  # conflicts with the created batch
         with pytest.raises(ConflictError, match="seq 1 holds a message entry"):
             s.append("r1", older, expected_seq=1, writer="w", lease_token=lease_s.token, info={})
-        far = j.seal([j.MessageAdded(seq=5, at=j.now_iso(), role="user", content=[])], "w")
+        far = j.seal([j.MessageAdded(seq=5, at=j.now_iso(), role="user", content=[])], "w", run_id="r1")
         with pytest.raises(ConflictError, match="leaves a gap after 4 entries"):
             s.append("r1", far, expected_seq=5, writer="w", lease_token=lease_s.token, info={})
         lease = lease_s
@@ -428,7 +428,14 @@ def test_unsealed_entries_are_refused(tmp_path: Path) -> None:
         store.append("r1", [entry], expected_seq=2, writer="w", lease_token=lease.token, info={})
     store.append("r1", [], expected_seq=2, writer="w", lease_token=lease.token, info={})  # nothing to do
     with pytest.raises(ValueError, match="sealed batch"):
-        store.append("r1", j.seal([entry], "w")[::-1] * 2, expected_seq=2, writer="w", lease_token=1, info={})
+        store.append(
+            "r1",
+            j.seal([entry], "w", run_id="r1")[::-1] * 2,
+            expected_seq=2,
+            writer="w",
+            lease_token=1,
+            info={},
+        )
     assert store.length("r1") == 2
 
 
@@ -465,11 +472,14 @@ def test_bit_flip_in_a_middle_line_is_corruption(tmp_path: Path) -> None:
     flipped = data.replace(b"hello 1", b"hellp 1")
     path.write_bytes(flipped)
     with pytest.raises(
-        CorruptJournalError, match=r"run r1 seq 2 is damaged: the entry fails its checksum\. Fix"
+        CorruptJournalError,
+        match=r"run r1 seq 2 is damaged: the entry fails its checksum \(it is damaged, or of another run\)\. Fix",
     ):
         FileStore(tmp_path).read("r1")
     path.write_bytes(data.replace(b'"hello 1"', b'"hello 1'))  # no longer JSON
-    with pytest.raises(CorruptJournalError, match=r"run r1 seq 2 is damaged: its line is not valid JSON"):
+    with pytest.raises(
+        CorruptJournalError, match=r"run r1 seq 2 is damaged: line 3 of .*r1\.jsonl is not valid JSON"
+    ):
         FileStore(tmp_path).read("r1")
     lines = data.split(b"\n")
     path.write_bytes(b"\n".join(lines[:4] + lines[5:]))  # a listing line missing mid-file: not a torn tail
@@ -940,3 +950,24 @@ def test_claim_next_checks_the_run_again_once_held(tmp_path: Path, monkeypatch: 
     store.post("r1", {"type": "message", "role": "user", "content": []})
     taken = store.claim_next(Owner.here())  # the stale listing, but the fresh record has an item
     assert taken is not None and taken.run_id == "r1" and store.holder("r1") == taken.owner
+
+
+def test_a_deleted_lock_file_lets_no_other_store_object_of_this_process_in_and_the_holder_relocks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder_store, other = FileStore(tmp_path), FileStore(tmp_path)
+    state, lease = create(holder_store, "r1")
+    assert lease is not None
+    (tmp_path / "r1.lock").unlink()
+    with pytest.raises(RunBusyError, match=f"pid {os.getpid()} "):
+        other.claim("r1", Owner.here())
+    with pytest.raises(RunBusyError):
+        other.delete("r1")
+    with caplog.at_level("WARNING", logger="tether"):
+        append(holder_store, state, lease)  # the holder's next append locks a new lock file
+    assert "r1.lock was deleted or replaced" in caplog.text
+    assert other.holder("r1") is not None  # a probe sees it held again
+    with pytest.raises(RunBusyError):
+        other.claim("r1", Owner.here())
+    assert holder_store.release(lease, at_seq=len(state.history), inbox_len=0)
+    assert other.claim("r1", Owner.here()).token == lease.token + 1  # released: free as before

@@ -80,7 +80,7 @@ def journal() -> Journal:
     offset = count = 0
     for line in data.split(b"\n")[:-1]:
         offset += len(line) + 1
-        if line.startswith(b'{"info"'):
+        if line.startswith((b'{"info"', b'{"i":')):  # a full or short listing line ends an append
             ends.append((offset, count))
         else:
             count += 1
@@ -117,7 +117,7 @@ def load_or_refuse(store: FileStore) -> State | None:
     for seq, entry in enumerate(state.history):
         assert entry.seq == seq, "seqs are dense from 0"
         assert entry.h == original[seq].h and entry.kind == original[seq].kind, "each entry is the original"
-        assert j.decode_entry(j.encode_entry(entry), RUN).h == entry.h, "its checksum holds"
+        assert j.decode_entry(j.encode_entry(entry, RUN), RUN).h == entry.h, "its checksum holds"
     return state
 
 
@@ -148,7 +148,9 @@ def test_a_cut_journal_loads_its_complete_appends_and_a_resume_finishes_it(data:
         assert [e.h for e in again.history] == [e.h for e in resumed.history]
         repaired = (Path(store.path) / f"{RUN}.jsonl").read_bytes()
         assert repaired.startswith(made.data[:end]), "every complete append is kept, byte for byte"
-        after = [line for line in repaired[end:].split(b"\n")[:-1] if not line.startswith(b'{"info"')]
+        after = [
+            line for line in repaired[end:].split(b"\n")[:-1] if not line.startswith((b'{"info"', b'{"i":'))
+        ]
         assert [j.decode_entry(line, RUN).h for line in after] == [e.h for e in again.history[kept:]], (
             "after the kept appends come only the resume's entries: the torn bytes were cut off"
         )
@@ -195,11 +197,11 @@ def test_flipped_bytes_load_a_valid_prefix_or_are_refused(data: st.DataObject) -
 def test_a_flip_that_makes_a_newer_format_is_refused_as_newer() -> None:
     made = journal()
     at = made.data.index(b'"version":%d' % j.FORMAT_VERSION) + len(b'"version":')
-    flipped = made.data[:at] + b"3" + made.data[at + 1 :]
+    flipped = made.data[:at] + b"%d" % (j.FORMAT_VERSION + 1) + made.data[at + 1 :]
     with damaged(flipped) as store, pytest.raises(NewerFormatError) as caught:
         store.load(RUN)
     assert str(caught.value).startswith(
-        f"run {RUN} seq 0 was written by format 3; this tether reads up to {j.FORMAT_VERSION}."
+        f"run {RUN} seq 0 was written by format {j.FORMAT_VERSION + 1}; this tether reads up to {j.FORMAT_VERSION}."
     )
 
 

@@ -32,6 +32,7 @@ from tether import (
     ModelError,
     SQLiteStore,
     State,
+    StoreFullError,
     ToolContext,
     tool,
 )
@@ -162,6 +163,17 @@ def fresh_state(run_id: str = "r") -> State:
     return State(id=run_id, messages=[Message.user("write a note")])
 
 
+def check_full_message(exc: BaseException, path: Path | None) -> None:
+    """A disk-full error names the run, the file (when known) and the fix, and says nothing was lost."""
+    text = str(exc)
+    assert text.startswith("run r: no room to write "), text
+    if path is not None:
+        assert f"no room to write {path} (" in text
+    assert "everything saved before it is kept" in text
+    assert "Fix: free space on that disk" in text and "tether resume r" in text
+    assert "[Errno" not in text
+
+
 def check_durable(store: Recording, run_id: str) -> State:
     """The journal loads with every entry reported durable, and nothing else."""
     loaded = store.load(run_id)
@@ -207,9 +219,10 @@ def test_disk_full_at_the_write_of_an_append_loses_nothing_saved_and_a_later_sav
     journal = tmp_path / "r.jsonl"
     disk = faulty(monkeypatch, journal, Fault("pwrite", n, stays=True, partial=True))
     state = fresh_state()
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(StoreFullError) as caught:
         build(store, ran).run(state)
-    assert type(caught.value) is OSError and caught.value.errno == errno.ENOSPC, "the store's own error"
+    assert isinstance(caught.value, OSError) and caught.value.errno == errno.ENOSPC, "still an OSError"
+    check_full_message(caught.value, journal)
     assert disk.failed[0] == f"pwrite#{n}"
     loaded = check_durable(store, "r")
     before = journal.read_bytes()
@@ -371,7 +384,9 @@ def test_a_failed_save_in_a_failing_run_raises_the_original_error_with_a_note(
         agent.run(state)
     assert str(caught.value) == "invalid api key", "the original error, so `except ModelError` still works"
     notes = getattr(caught.value, "__notes__", [])
-    assert notes and notes[0].startswith("saving the run also failed: OSError: [Errno 28] No space left")
+    assert notes and notes[0].startswith(
+        "saving the run also failed: StoreFullError: run r: no room to write"
+    )
     assert disk.failed[0] == "pwrite#2"
     loaded = check_durable(store, "r")
     assert [e.kind for e in loaded.history] == ["run_started", "message", "run_resumed"]
@@ -461,8 +476,10 @@ def test_a_failed_commit_is_all_or_nothing_and_a_later_save_completes_the_journa
     path = tmp_path / "runs.db"
     store, ran = CommitStore(path, fail_from=n), []
     state = fresh_state()
-    with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+    with pytest.raises(StoreFullError) as caught:
         build(store, ran).run(state)
+    check_full_message(caught.value, path)
+    assert "(database or disk is full)" in str(caught.value)
     assert store.failed[0] == n
     loaded = store.load("r")
     assert {e.seq: e.h for e in loaded.history[2:]} == store.durable, "exactly what was reported durable"

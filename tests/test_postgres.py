@@ -6,7 +6,9 @@ are in ``test_sql_stores.py``. One fresh schema per module; skipped without a se
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -19,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).with_name("crash")))
 
-from _chaos_agents import fresh_schema, libpq
+from _chaos_agents import fresh_schema, libpq, postgres_or_skip
 
 import tether.testing
 from _store_runs import _append, _batch, _first, _info, _make
@@ -32,8 +34,9 @@ from tether.stores.base import Owner
 if os.environ.get("TETHER_REQUIRE_POSTGRES") != "1":
     pytest.importorskip("psycopg", reason="psycopg is not installed. Fix: pip install 'tether[postgres]'")
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tether.stores.postgres import SCHEMA_VERSION, PostgresStore
+from tether.stores.postgres import SCHEMA_VERSION, PostgresStore, PostgresUnavailableError
 
 pytest.register_assert_rewrite("tether._harness.conformance.suite")
 StoreConformance: Any = getattr(tether.testing, "StoreConformance", None)
@@ -153,8 +156,59 @@ def test_unreachable_server_is_a_clear_error() -> None:
     store = PostgresStore(
         "postgresql://root@127.0.0.1:1/test", connect_timeout=1, pool_timeout=1, retry_timeout=1
     )
-    with pytest.raises(TetherError, match=r"unreachable .*Fix: check that the server runs"):
+    with pytest.raises(TetherError, match=r"no PostgreSQL server answers at 127.0.0.1:1: .*Fix: start the"):
         store.length("r1")
+    store.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _pool_records(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith(("psycopg", "tether.stores"))]
+
+
+def test_no_server_at_the_port_is_one_clear_error_at_once_without_the_pools_log_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = _closed_port()
+    store = PostgresStore(f"postgresql://root@127.0.0.1:{port}/test")  # the default timeouts
+    caplog.set_level(logging.DEBUG)
+    started = time.monotonic()
+    with pytest.raises(PostgresUnavailableError) as caught:
+        store.list()
+    assert time.monotonic() - started < 15, "fails at the first connection, not after pool + retry timeouts"
+    assert str(caught.value).startswith(
+        f"no PostgreSQL server answers at 127.0.0.1:{port}: Connection refused"
+    )
+    assert "Fix: start the server, or correct the host and port in the URL" in str(caught.value)
+    assert _pool_records(caplog) == [], "no 'error connecting' lines from psycopg_pool"
+    store.close()
+
+
+def test_a_missing_database_is_named_with_createdb_not_an_unreachable_server(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    base = postgres_or_skip()
+    params = conninfo_to_dict(base)
+    params["dbname"] = "tether_no_such_database"
+    store = PostgresStore(make_conninfo("", **params))
+    caplog.set_level(logging.DEBUG)
+    started = time.monotonic()
+    with pytest.raises(TetherError) as caught:
+        store.length("r1")
+    assert time.monotonic() - started < 15
+    text = str(caught.value)
+    assert not isinstance(caught.value, PostgresUnavailableError)
+    assert text.startswith(
+        f"PostgreSQL at {params.get('host', 'localhost')}:{params.get('port', 5432)} has no "
+    )
+    assert "has no database tether_no_such_database (" in text
+    assert "Fix: create it (createdb tether_no_such_database" in text and "server runs" not in text
+    assert _pool_records(caplog) == []
     store.close()
 
 
@@ -270,7 +324,7 @@ def test_killed_idle_connections_and_posts_are_retried(dsn: str) -> None:
     for round_ in range(5):
         time.sleep(0.1)
         assert _kill_backends(dsn, app) >= 1  # every pooled connection dies while idle
-        _append(store, "k1", lease, _batch(seq, 2, writer))
+        _append(store, "k1", lease, _batch(seq, 2, writer, run_id="k1"))
         seq += 2
         assert store.post("k1", {"type": "message"}, item_id=f"m{round_}") == round_
         assert store.post("k1", {"type": "message"}, item_id=f"m{round_}") == round_

@@ -247,3 +247,22 @@ def test_sync_and_async_faces_share_one_process_and_one_run(pg: tuple[str, str])
     assert cancelled is not None and cancelled.status == "cancelled"
     assert store.load("r1").history == cancelled.history  # the sync face reads what the async face wrote
     store.close()
+
+
+def test_pools_of_event_loops_that_ended_leave_no_connections(pg: tuple[str, str]) -> None:
+    url, _ = pg
+    app = dict(p.split("=") for p in url.split("?")[1].split("&"))["application_name"]
+    store = PostgresStore(url)
+    for _ in range(4):  # each asyncio.run is an event loop of its own, with a pool of its own
+        assert asyncio.run(store.aload("r1")).status == "running"
+    store.close()  # closes what the ended loops' pools held, with the sync pool
+
+    def ours() -> list[Any]:
+        return _sql(url, "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND pid <> "
+                    "pg_backend_pid()", (app,))  # fmt: skip
+
+    for _ in range(500):  # the server drops a backend a moment after its client closes
+        if not ours():
+            break
+        threading.Event().wait(0.01)
+    assert ours() == []

@@ -327,7 +327,7 @@ def _append_for(url: str, run_id: str, seconds: float) -> int:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         count = 1 + seq % 3
-        _append(store, run_id, lease, _batch(seq, count, writer, text=f"{run_id}-{seq}"))
+        _append(store, run_id, lease, _batch(seq, count, writer, text=f"{run_id}-{seq}", run_id=run_id))
         seq += count
     assert store.release(lease, at_seq=seq, inbox_len=0)
     store.close()

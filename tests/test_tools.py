@@ -625,7 +625,8 @@ def test_unresolvable_annotation_refused() -> None:
     def f(x: "Missing") -> None: ...  # type: ignore[name-defined] # noqa: F821
 
     with pytest.raises(
-        ValueError, match=r"cannot read the signature of tool f: name 'Missing' is not defined\. Fix:"
+        ValueError,
+        match=r"cannot read the type of parameter x of tool f \('Missing'\): name 'Missing' is not defined\. Fix:",
     ):
         tool(f)
 

@@ -809,7 +809,7 @@ def test_run_started_without_traceparent_encodes_as_before() -> None:
     assert isinstance(entry, j.RunStarted) and entry.traceparent is None
     assert "traceparent" not in j.entry_to_dict(entry)
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    sealed = j.seal([j.RunStarted(seq=0, at=old["at"], agent="a", traceparent=tp)], "w")[0]
+    sealed = j.seal([j.RunStarted(seq=0, at=old["at"], agent="a", traceparent=tp)], "w", run_id="r")[0]
     again = j.decode_entry(j.encode_entry(sealed), "r")
     assert isinstance(again, j.RunStarted) and again.traceparent == tp
 

@@ -124,7 +124,7 @@ def test_a_worker_never_claims_a_child_run(
     agent = _adder(store, ExecutionLog(tmp_path / "exec.jsonl"))
     writer = j.new_writer_id()
     at = j.now_iso()
-    root = j.seal([j.RunStarted(seq=0, at=at, agent="adder", root_id="root")], writer)
+    root = j.seal([j.RunStarted(seq=0, at=at, agent="adder", root_id="root")], writer, run_id="root")
     store.create("root", root, _info("root", status="completed"))
     child = j.seal(
         [
@@ -132,6 +132,7 @@ def test_a_worker_never_claims_a_child_run(
             j.MessageAdded(seq=1, at=at, content=[{"type": "text", "text": "sub task"}]),
         ],
         writer,
+        run_id="child",
     )
     store.create("child", child, _info("child", parent_id="root"))  # running, no holder: but a child
     worker = Worker([agent], store, concurrency=2, poll_interval=0.1)
@@ -286,3 +287,78 @@ def test_a_worker_recovers_when_its_postgres_backends_are_killed_mid_run(pg_dsn:
         state = store.load(run_id)
         assert [e.outcome for e in state.history if e.kind == "tool_finished"] == ["done"] * 4  # type: ignore[attr-defined]
     store.close()
+
+
+PAUSED_WORKER = """
+import logging, os, sys, time
+from tether import Agent, SQLiteStore, tool
+from tether.testing import ScriptedModel, call
+from tether.worker import Worker
+
+path, marks, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+
+class SlowToRenew(SQLiteStore):
+    def renew(self, lease):
+        if os.path.exists(os.path.join(marks, "slow")):
+            time.sleep(3)  # a store slow to answer once the worker runs again: SIGTERM's stop comes first
+        return super().renew(lease)
+
+@tool(effect="idempotent")
+def slow_step() -> str:
+    '''A slow step.'''
+    open(os.path.join(marks, f"started-{os.getpid()}"), "w").close()
+    time.sleep(seconds)
+    return "stepped"
+
+store = SlowToRenew(path)
+agent = Agent(ScriptedModel([call("slow_step"), "finished"]), name="pause", tools=[slow_step], store=store)
+Worker([agent], store, lease_ttl=1.0, poll_interval=0.2).run(install_signal_handlers=True)
+print("WORKER EXIT", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_paused_worker_stopped_after_another_took_its_run_logs_the_lost_lease_not_a_release(
+    tmp_path: Path,
+) -> None:
+    from tether import SQLiteStore
+
+    @tool(effect="idempotent")
+    def slow_step() -> str:
+        """A slow step."""
+        return "stepped"
+
+    path, marks = tmp_path / "runs.db", tmp_path / "marks"
+    marks.mkdir()
+    store = SQLiteStore(path)
+    agent = Agent(
+        ScriptedModel([call("slow_step"), "finished"]), name="pause", tools=[slow_step], store=store
+    )
+    run_id = agent.submit("step slowly").id
+    stderr = tmp_path / "a.log"
+    with stderr.open("wb") as err:
+        worker = subprocess.Popen(
+            [sys.executable, "-c", PAUSED_WORKER, str(path), str(marks), "60"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
+    try:
+        _wait_for(lambda: (marks / f"started-{worker.pid}").exists(), what="worker A to start its step")
+        worker.send_signal(signal.SIGSTOP)
+        _wait_for(lambda: store.holder(run_id) is None, what="A's lease to lapse")
+        done = agent.resume(run_id)  # another process would do the same: take the run and finish it
+        assert done.status == "completed"
+        (marks / "slow").touch()
+        worker.send_signal(signal.SIGTERM)  # stopped before A ran again (a deploy, a scale-down)
+        worker.send_signal(signal.SIGCONT)
+        out, _ = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    log = stderr.read_text()
+    assert worker.returncode == 0 and b"WORKER EXIT" in out, log[-3000:]
+    assert f"released run {run_id}" not in log, log
+    assert f"lost its lease on run {run_id}" in log, log
+    assert store.load(run_id).status == "completed" and store.holder(run_id) is None

@@ -18,6 +18,8 @@ from .errors import (
     RunBusyError,
     RunNotFoundError,
     StoreBrokenError,
+    StoreFullError,
+    StoreLockedError,
     TetherError,
 )
 from .events import EntryEvent, Event, Reset, TextDelta
@@ -72,6 +74,8 @@ __all__ = [
     "State",
     "Store",
     "StoreBrokenError",
+    "StoreFullError",
+    "StoreLockedError",
     "TerminalHuman",
     "TetherError",
     "TextDelta",

@@ -14,11 +14,7 @@ import orjson
 
 from . import budgets
 from . import journal as j
-from ._run import taking
 from ._run.agent_spec import OnUnknown
-from ._run.drive import Drive
-from ._run.model_step import backoff
-from ._run.subagents import subagent_tool
 from ._run.sync import handle_sigterm, run_sync
 from .budgets import Price
 from .events import EntryEvent, Event
@@ -136,6 +132,8 @@ class Agent(Generic[DepsT]):
                         f"subagent {item.name} has tool sources (MCPTools), which subagents do not support "
                         "yet. Fix: give those tools to the parent agent, or make the subagent's tools plain"
                     )
+                from ._run.subagents import subagent_tool  # the driver loads on first use
+
                 self._register(subagent_tool(item))
                 self.subagents[item.name] = item
             else:
@@ -334,6 +332,8 @@ class Agent(Generic[DepsT]):
 
     def retry_delay_for(self, attempt: int, retry_after: float | None) -> float:
         """Seconds to wait before retrying a failed model request."""
+        from ._run.model_step import backoff
+
         return backoff(attempt, self.retry_delay, retry_after)
 
     # ----------------------------------------------------------------------------------------------
@@ -397,6 +397,8 @@ class Agent(Generic[DepsT]):
             RunBusyError: another process drives the run.
             ConflictError: the State is stale (another process appended since it was loaded).
         """
+        from ._run.drive import Drive
+
         output = output_spec(output_type) if output_type is not None else None
         async with self._opened() as agent:
             store, journal, lease, _ = await agent._take_for_run(prompt, id, output, metadata, if_exists)
@@ -412,6 +414,9 @@ class Agent(Generic[DepsT]):
             ValueError: no store, a run of another agent, or a subagent run (resume its root).
             RunBusyError: a live process drives the run.
         """
+        from ._run import taking
+        from ._run.drive import Drive
+
         store = self._require_store("resume")
         async with self._opened() as agent:
             journal, lease = await taking.take_existing(agent, store, run_id)
@@ -427,6 +432,9 @@ class Agent(Generic[DepsT]):
         The context is then the first user message, the summary and the turns after it; the history
         keeps everything. Compaction falls between turns: a run with calls open is refused (ValueError).
         """
+        from ._run import taking
+        from ._run.drive import Drive
+
         store = self._require_store("compact")
         run_id = run.id if isinstance(run, State) else run
         journal, lease = await taking.take_existing(self, store, run_id)
@@ -442,6 +450,9 @@ class Agent(Generic[DepsT]):
         run the lease is abandoned and ValueError raised; a tool source that cannot open (an MCP server)
         abandons it too, and its error is raised.
         """
+        from ._run import taking
+        from ._run.drive import Drive
+
         async with contextlib.AsyncExitStack() as stack:
             try:
                 agent = await stack.enter_async_context(self._opened())
@@ -466,6 +477,8 @@ class Agent(Generic[DepsT]):
         The arguments are ``arun``'s. A consumer that stops iterating cancels the run as Ctrl+C does (it
         stays resumable).
         """
+        from ._run.drive import Drive
+
         output = output_spec(output_type) if output_type is not None else None
         async with self._opened() as agent:
             store, journal, lease, created = await agent._take_for_run(
@@ -501,6 +514,8 @@ class Agent(Generic[DepsT]):
         Raises:
             ValueError: no store, the id exists, or bad metadata.
         """
+        from ._run import taking
+
         store = self._require_store("submit")
         journal = taking.new_run(self, prompt, id, None, metadata=j.validate_metadata(metadata))
         state = journal.state
@@ -527,6 +542,8 @@ class Agent(Generic[DepsT]):
         if_exists: IfExists,
     ) -> tuple[Store, JournalWriter, Lease, bool]:
         """Take the run a driving call names; the last value says whether this call created it."""
+        from ._run import taking
+
         store = self.store if self.store is not None else MemoryStore()
         meta = j.validate_metadata(metadata) if metadata is not None else None
         if if_exists not in ("error", "resume"):

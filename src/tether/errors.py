@@ -5,6 +5,9 @@ Every message has the form ``what went wrong. Fix: what to do``; the message is 
 
 from __future__ import annotations
 
+import errno as _errno
+import os as _os
+
 __all__ = [
     "ConflictError",
     "CorruptJournalError",
@@ -14,7 +17,10 @@ __all__ = [
     "RunBusyError",
     "RunNotFoundError",
     "StoreBrokenError",
+    "StoreFullError",
+    "StoreLockedError",
     "TetherError",
+    "UnencodableError",
 ]
 
 
@@ -60,14 +66,16 @@ class LeaseLostError(ConflictError):
 class CorruptJournalError(TetherError, ValueError):
     """A journal entry cannot be decoded, fails its checksum, or cannot follow the entries before it."""
 
-    def __init__(self, run_id: str, seq: int | None, problem: str) -> None:
+    def __init__(self, run_id: str, seq: int | None, problem: str, *, fix: str | None = None) -> None:
         self.run_id = run_id
         self.seq = seq
+        self.problem = problem
         where = f"run {run_id} seq {seq}" if seq is not None else f"run {run_id}"
-        super().__init__(
-            f"{where} is damaged: {problem}. Fix: restore the run from a backup, or fork it before "
-            f"the damaged entry (tether fork {run_id} --at SEQ); nothing was changed"
+        fix = fix or (
+            f"restore the run from a backup, or fork it before the damaged entry (tether fork {run_id} --at "
+            "SEQ)"
         )
+        super().__init__(f"{where} is damaged: {problem}. Fix: {fix}; nothing was changed")
 
 
 class NewerFormatError(TetherError, ValueError):
@@ -87,6 +95,38 @@ class StoreBrokenError(TetherError, OSError):
     """A failed write could not be undone; this process refuses further appends to the run."""
 
 
+class StoreFullError(TetherError, OSError):
+    """A write found no room: a full disk or quota, or a SQLite file at its size limit.
+
+    The write was refused whole: what was saved before it is kept, and the State still holds what it did
+    not save (``store.save(state)`` writes it once there is room). ``errno`` is ``ENOSPC`` (or ``EDQUOT``),
+    so ``except OSError`` still catches it; ``filename`` is the file that was being written.
+    """
+
+    def __init__(
+        self, message: str, *, run_id: str = "", code: int = _errno.ENOSPC, filename: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.errno = code
+        self.strerror = _os.strerror(code)
+        self.filename = filename
+
+    def __str__(self) -> str:  # OSError would prefix "[Errno 28]"
+        return str(self.args[0])
+
+
+class StoreLockedError(TetherError, TimeoutError):
+    """Another process kept the store locked (a SQLite write transaction) for longer than the store waits."""
+
+    def __init__(self, message: str, *, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.filename = filename
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class ModelError(TetherError):
     """A model request failed.
 
@@ -99,3 +139,18 @@ class ModelError(TetherError):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+class UnencodableError(TetherError, TypeError):
+    """A new entry holds a value no journal can hold (lone surrogates are replaced, never refused).
+
+    Attributes:
+        problem: what the JSON encoder said (``Integer exceeds 64-bit range``, ``Dict key must be str``).
+    """
+
+    def __init__(self, what: str, problem: str) -> None:
+        self.problem = problem
+        super().__init__(
+            f"{what} cannot be journaled: {problem}. Fix: give it JSON values only (strings, integers within "
+            "64 bits, floats, booleans, None, lists, and dicts with string keys); nothing was journaled"
+        )

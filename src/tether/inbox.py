@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import journal as j
+from ._encodable import clean
 
 __all__ = ["InboxItem", "ItemType", "make_item"]
 
@@ -68,6 +69,9 @@ class InboxItem:
 def make_item(item: dict[str, Any], *, inbox_seq: int, item_id: str | None) -> InboxItem:
     """Normalise a posted dict (``{"type": ..., ...fields}``) into an InboxItem numbered ``inbox_seq``.
 
+    Lone surrogates in its strings (a reason typed in a terminal that is not UTF-8) become U+FFFD, as in
+    journal entries (``tether._encodable``), so every store can encode the item.
+
     Raises:
         ValueError: the item has no known type.
     """
@@ -77,7 +81,7 @@ def make_item(item: dict[str, Any], *, inbox_seq: int, item_id: str | None) -> I
             f"inbox item type {kind!r} is not known. Fix: post a 'decision', 'message' or 'cancel' item"
         )
     reserved = {"type", "item_id", "seen_seq", "run_h", "at", "inbox_seq"}
-    body = {k: v for k, v in item.items() if k not in reserved}
+    body = clean({k: v for k, v in item.items() if k not in reserved})
     return InboxItem(
         inbox_seq=inbox_seq,
         item_id=item_id or str(item.get("item_id") or ""),

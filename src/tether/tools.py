@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import inspect
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +32,10 @@ from typing import (
     runtime_checkable,
 )
 
+from ._encodable import clean
+from ._tool_hints import parameter_hints
+from ._tool_schema import first_sentence as _first_sentence
+from ._tool_schema import parameters_schema
 from .journal import EFFECTS, Effect
 from .messages import text_block
 
@@ -63,8 +68,6 @@ ApprovalCondition = Callable[[dict[str, Any]], Any]
 _DECORATOR_EFFECTS: tuple[str, ...] = ("read_only", "idempotent", "unsafe")
 _EFFECT_NAMES = ", ".join(_DECORATOR_EFFECTS)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_DATA_KEYS = frozenset({"default", "enum", "const", "examples"})
-_NAME_MAP_KEYS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
 _MAX_ERRORS = 8
 
 
@@ -209,7 +212,7 @@ class Tool:
         self.is_async = inspect.iscoroutinefunction(fn)
         self._model, self._fields, self._ctx_param = _build_model(fn, name, param_docs)
         self._defaults = _defaults(fn, self._ctx_param)
-        self.parameters = _parameters_schema(self._model, name)
+        self.parameters = parameters_schema(self._model, name)
         self.schema = {
             "name": self.name,
             "description": self.description,
@@ -356,16 +359,38 @@ def _is_block(item: Any) -> bool:
 
 
 def _to_text(value: Any) -> str:
-    """JSON text of a value, else its repr; never raises."""
-    try:
-        import pydantic_core
+    """JSON text of a value, else its repr; never raises.
 
+    Strings with lone surrogates (file names from ``os.listdir``) are shown with U+FFFD in their place, as
+    the journal keeps them (``tether._encodable``), in dicts, lists, dataclasses and pydantic models.
+    """
+    import pydantic_core
+
+    try:
         return pydantic_core.to_json(value).decode("utf-8")
+    except Exception:
+        pass
+    try:
+        return pydantic_core.to_json(clean(_plain(value))).decode("utf-8")
     except Exception:
         try:
             return repr(value)
         except Exception:
             return f"<{type(value).__name__} object that cannot be shown>"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with dataclasses and pydantic models made dicts, through dicts, lists, tuples and sets."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(item) for item in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, type):
+        return _plain(dump())
+    return value
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -445,8 +470,13 @@ def _build_model(
 
     try:
         signature = inspect.signature(fn)
-        hints = typing.get_type_hints(fn, include_extras=True)
     except Exception as exc:
+        raise ValueError(
+            f"cannot read the signature of tool {name}: {_first_sentence(exc)} Fix: decorate a function"
+        ) from exc
+    try:  # raises ValueError naming the parameter whose annotation cannot be resolved
+        hints = parameter_hints(fn, name, signature.parameters, context=ToolContext, fallback=_tether_names())
+    except (NameError, TypeError) as exc:  # not a function: typing refuses it
         raise ValueError(
             f"cannot read the signature of tool {name}: {_first_sentence(exc)} "
             "Fix: annotate parameters with types defined at module level (importable names)"
@@ -501,76 +531,16 @@ def _build_model(
     return model, names, ctx_param
 
 
-def _parameters_schema(model: type[BaseModel], name: str) -> dict[str, Any]:
-    """The model's JSON schema without titles, with ``$defs`` inlined unless a type is recursive."""
-    try:
-        raw = model.model_json_schema()
-    except Exception as exc:
-        raise ValueError(
-            f"cannot build the JSON schema of tool {name}: {_first_sentence(exc)} "
-            "Fix: annotate parameters with JSON-friendly types"
-        ) from exc
-    defs = raw.pop("$defs", None)
-    try:
-        clean = _walk(raw, defs or {}, ())
-    except _RecursiveRef:
-        clean = _walk(raw, None, ())
-        clean["$defs"] = {key: _walk(value, None, ()) for key, value in (defs or {}).items()}
-    else:
-        defs = None
-    schema: dict[str, Any] = {
-        "type": "object",
-        "properties": clean.get("properties", {}),
-        "required": clean.get("required", []),
-        "additionalProperties": False,
-    }
-    if defs is not None:
-        schema["$defs"] = clean["$defs"]
-    return schema
-
-
-def _first_sentence(exc: Exception) -> str:
-    """The first sentence of an exception's message, ending in a period (pydantic's run long)."""
-    text = str(exc).strip().split("\n", 1)[0]
-    text = text.split(". ", 1)[0].rstrip(".")
-    return f"{text}."
-
-
-class _RecursiveRef(Exception):
-    """A ``$ref`` that cannot be inlined (the type refers to itself)."""
+def _tether_names() -> dict[str, Any]:
+    """tether's public names already loaded (``tether.__all__``, this module's), for string annotations."""
+    names = {name: globals()[name] for name in __all__}
+    package = sys.modules.get("tether")  # never imported from here: tether imports this module
+    if package is not None:
+        loaded = vars(package)
+        names.update({name: loaded[name] for name in getattr(package, "__all__", ()) if name in loaded})
+    return names
 
 
 def _constant(value: Any) -> Callable[[], Any]:
     """A default factory returning ``value`` (for defaults that JSON cannot show)."""
     return lambda: value
-
-
-def _walk(node: Any, defs: dict[str, Any] | None, seen: tuple[str, ...]) -> Any:
-    """Copy a JSON schema without ``title`` keys, inlining ``$defs`` refs when ``defs`` is given.
-
-    Raises _RecursiveRef when a type refers to itself (it cannot be inlined).
-    """
-    if isinstance(node, list):
-        return [_walk(item, defs, seen) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if (key == "title" and isinstance(value, str)) or (key == "$ref" and defs is not None):
-            continue
-        if key in _DATA_KEYS:
-            out[key] = value
-        elif key in _NAME_MAP_KEYS and isinstance(value, dict):
-            out[key] = {k: _walk(v, defs, seen) for k, v in value.items()}
-        else:
-            out[key] = _walk(value, defs, seen)
-    ref = node.get("$ref")
-    if defs is not None and isinstance(ref, str):
-        target = ref.rsplit("/", 1)[-1]
-        if target in seen or target not in defs:
-            raise _RecursiveRef(ref)
-        out = {**_walk(defs[target], defs, (*seen, target)), **out}
-    all_of = out.get("allOf")
-    if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], dict):
-        out = {**all_of[0], **{k: v for k, v in out.items() if k != "allOf"}}
-    return out

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._run.drive import lease_lost_in
 from .errors import LeaseLostError, RunBusyError
 from .stores.base import Lease, Owner, RunInfo, Store
 
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["DepsFactory", "Worker"]
 
 log = logging.getLogger("tether.worker")
+
+_CLAIMS_AT_ONCE = 16
+"""Claims a worker makes at once when it has that many free slots."""
 
 DepsFactory = Callable[[RunInfo], Any]
 """Makes the deps of one drive from the run's ``RunInfo`` (its id, agent, metadata...); may be async."""
@@ -204,22 +208,43 @@ class Worker:
     # Claiming and driving
 
     async def _claim_while_free(self) -> bool:
-        """Claim until ``concurrency`` drives run or none needs work; True when none needed work."""
+        """Claim until ``concurrency`` drives run or none needs work; True when none needed work.
+
+        The free slots are claimed for together (up to ``_CLAIMS_AT_ONCE`` claims at a time, each its own
+        ``claim_next``), so a store that commits concurrent writes together (SQLiteStore's group commit,
+        PostgreSQL's) fills them in a few commits rather than one after another.
+        """
         names = list(self.agents)
         ttl = self.lease_ttl if self.lease_ttl is not None else self.store.ttl
         while len(self._tasks) < self.concurrency and not self._stop_requested.is_set():
-            try:
-                lease = await self.store.aclaim_next(Owner.here(), ttl, agents=names)
-            except Exception as exc:  # a store that is down: try again at the next wake-up or poll
-                log.warning("%s could not claim a run: %s", self.name, exc)
+            wanted = min(self.concurrency - len(self._tasks), _CLAIMS_AT_ONCE)
+            claims = [self.store.aclaim_next(Owner.here(), ttl, agents=names) for _ in range(wanted)]
+            outcomes = await asyncio.gather(*claims, return_exceptions=True)
+            idle = failed = False
+            for outcome in outcomes:
+                if isinstance(
+                    outcome, Exception
+                ):  # a store that is down: try again at the next wake-up or poll
+                    if not failed:
+                        log.warning("%s could not claim a run: %s", self.name, outcome)
+                    failed = True
+                elif isinstance(outcome, BaseException):
+                    raise outcome
+                elif outcome is None:
+                    idle = True
+                else:
+                    self._start_drive(outcome)
+            if failed:
                 return False
-            if lease is None:
+            if idle:
                 return True
-            self.claimed += 1
-            task = asyncio.ensure_future(self._drive(lease))
-            self._tasks[task] = lease.run_id
-            task.add_done_callback(self._drive_done)
         return False
+
+    def _start_drive(self, lease: Lease) -> None:
+        self.claimed += 1
+        task = asyncio.ensure_future(self._drive(lease))
+        self._tasks[task] = lease.run_id
+        task.add_done_callback(self._drive_done)
 
     def _drive_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
@@ -277,9 +302,14 @@ class Worker:
         except LeaseLostError as exc:
             self.lost += 1
             log.warning("%s lost its lease on run %s; dropped it (%s)", self.name, run_id, exc)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             why = "worker stopping" if self._stop_requested.is_set() else "drive cancelled"
-            log.info("%s released run %s (%s)", self.name, run_id, why)
+            if (lost := lease_lost_in(exc)) is not None:  # paused past its lease: another holder took the run
+                self.lost += 1
+                log.warning("%s lost its lease on run %s before it stopped (%s); dropped it (%s)", self.name,
+                            run_id, why, lost)  # fmt: skip
+            else:
+                log.info("%s released run %s (%s)", self.name, run_id, why)
         except RunBusyError as exc:
             log.warning("%s stopped run %s: %s", self.name, run_id, exc)
         except Exception:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import journal as j
+from ._encodable import journal_safe
 from .state import State
 
 __all__ = ["JournalWriter"]
@@ -39,11 +40,17 @@ class JournalWriter:
     def add(self, entry_type: type[j.Entry], **fields: Any) -> j.Entry:
         """Make the next entry, fold it into the State, and keep it until an append takes it.
 
-        In a journal of an older format the entry carries ``v`` (this tether's format), so an older tether
-        reading the journal refuses it as newer (DESIGN 4).
+        A journal begun in format 1 is appended to in format 2, each entry carrying ``v`` 2 (so a format-1
+        tether refuses the journal as newer, DESIGN 4); a format-2 journal stays format 2, a format-3 one
+        format 3 (``docs/journal-format.md``). Lone surrogates in its strings become U+FFFD before it is
+        folded (``tether._encodable``), so the State holds what a load returns.
+
+        Raises:
+            UnencodableError: a field holds a value no journal can hold; nothing was added.
         """
-        if self.state.format_version < j.FORMAT_VERSION and entry_type is not j.RunStarted:
-            fields.setdefault("v", j.FORMAT_VERSION)
+        fields = journal_safe(fields, f"run {self.state.id}: a {entry_type.kind} entry")
+        if self.state.format_version < j.LEGACY_VERSION and entry_type is not j.RunStarted:
+            fields.setdefault("v", j.LEGACY_VERSION)
         entry = entry_type(seq=len(self.state.history), at=j.now_iso(), **fields)
         self.state.apply(entry)
         return entry
@@ -64,13 +71,18 @@ class JournalWriter:
         Sealing replaces the State's copies of those entries with the sealed ones.
         """
         if self._batch is None:
-            self._batch = j.seal(self.state.history[self._saved :], self.writer_id)
+            state = self.state
+            self._batch = j.seal(
+                state.history[self._saved :], self.writer_id, run_id=state.id, version=state.format_version
+            )
             self.state.take_sealed(self._batch)
         return self._batch
 
     def batch_saved(self) -> None:
         """The batch from ``next_batch`` is durable."""
         if self._batch is not None:
+            for entry in self._batch:
+                j.forget_line(entry)  # durable now: the State need not hold its bytes
             self._saved += len(self._batch)
             self._batch = None
 

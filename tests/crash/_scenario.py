@@ -65,6 +65,11 @@ class Scene:
         return False
 
 
+def seed_stop(signum: int, frame: object) -> None:
+    """The seed document's SIGTERM recipe: turn the signal into SystemExit with the usual code."""
+    raise SystemExit(128 + signum)
+
+
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -198,6 +203,7 @@ def script_for(scenario: str, scene: Scene) -> list[Any]:
         "parallel": [[call("fast"), call("slow")], answer],
         "hold": [call("hold"), answer],
         "sigterm": [[call("hold"), call("hold_idem")], answer],
+        "seed_sigterm": [[call("hold"), call("hold_idem")], answer],
         "sigint": [call("nap"), answer],
         "inbox": [until_all_in] * 5000,
         "chat": ["first answer", "second answer"],
@@ -238,6 +244,8 @@ def main(argv: list[str]) -> int:
     )
     if scenario in ("sigterm", "model_hang"):
         handle_sigterm()
+    if scenario == "seed_sigterm":  # the seed's recipe, not handle_sigterm
+        signal.signal(signal.SIGTERM, seed_stop)
     if mode == "add_message":
         state = store.load(run_id)
         state.add_message("one more thing")

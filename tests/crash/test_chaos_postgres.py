@@ -116,7 +116,7 @@ def _check_durability(
         posted_ids[r["run_id"]].add(r["item_id"])
     for run_id in ids:
         history = store.read(run_id)
-        resumed = {e.writer: e for e in history if isinstance(e, j.RunResumed)}
+        resumed = {j.short_writer(e.writer): e for e in history if isinstance(e, j.RunResumed)}  # w: 64 bits
         started = {(e.call_id, e.attempt): e for e in history if isinstance(e, j.ToolStarted)}
         tokens = [e.token for e in history if isinstance(e, j.RunResumed)]
         if tokens != sorted(tokens) or len(set(tokens)) != len(tokens):
@@ -124,7 +124,7 @@ def _check_durability(
         for ex in by_run.get(run_id, []):  # started by the writer whose run_resumed carries its lease token
             entry = started.get((ex["call_id"], ex["attempt"]))
             mark = resumed.get(entry.w) if entry else None
-            if entry is None or mark is None or entry.w != ex["writer"]:
+            if entry is None or mark is None or entry.w != j.short_writer(ex["writer"]):
                 violations.append(
                     f"run {run_id} {ex['call_id']}#{ex['attempt']}: no tool_started/run_resumed of its writer"
                 )
@@ -238,7 +238,9 @@ def test_a_worker_paused_past_its_lease_is_fenced_and_runs_no_further_tool(dsn: 
     history = store.read(run_id)
     a_writer = next(r["writer"] for r in records if r["pid"] == first.pid)
     b_mark = next(e for e in history if isinstance(e, j.RunResumed) and e.pid == second.pid)
-    assert not [e for e in history[b_mark.seq :] if e.w == a_writer]  # A's late append was refused
+    assert not [
+        e for e in history[b_mark.seq :] if e.w == j.short_writer(a_writer)
+    ]  # A's late append was refused
     assert b_mark.token > next(r["token"] for r in records if r["pid"] == first.pid)
     finished = [(e.call_id, e.outcome) for e in history if isinstance(e, j.ToolFinished)]
     assert len(finished) == 2 and len({c for c, _ in finished}) == 2 and {o for _, o in finished} == {"done"}

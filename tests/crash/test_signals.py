@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,28 @@ def test_sigterm_with_handle_sigterm_and_no_run_in_progress_still_exits_143(tmp_
         if child.poll() is None:
             child.kill()
     assert child.returncode == 143
+
+
+@pytest.mark.slow
+def test_the_seeds_sigterm_recipe_closes_every_run_as_ctrl_c_does(tmp_path: Path) -> None:
+    """A handler raising ``SystemExit(128 + signum)`` (the seed's recipe), SIGTERM sent mid-tool 20 times."""
+    runs = tmp_path / "runs"
+    for attempt in range(20):
+        run_id, side = f"seed{attempt}", tmp_path / f"side{attempt}.jsonl"
+        child = spawn("start", runs, run_id, side, "seed_sigterm")
+        try:
+            wait_for(lambda side=side: len(starts(side)) == 2, what="both hold tools to start")
+            time.sleep((attempt % 10) * 0.003)  # a varied point while both tools run
+            child.send_signal(signal.SIGTERM)
+            child.wait(30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        assert child.returncode == 143, child.stderr.read().decode()[-3000:]
+        store = FileStore(runs)
+        state = store.load(run_id)
+        assert kinds(state)[-1] == "run_released", f"try {attempt}: {kinds(state)[-4:]}"
+        results = finished(state)
+        assert [e.outcome for e in results["c3_0"]] == ["aborted"], f"try {attempt}: unsafe call not aborted"
+        assert "c3_1" not in results, "the idempotent call in flight is left open for a resume"
+        assert store.holder(run_id) is None

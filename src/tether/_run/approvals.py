@@ -48,7 +48,8 @@ class HumanStep:
                 while not asking.done():
                     await asyncio.wait({asking}, timeout=self.poll_interval)
                     if not asking.done() and await self.inbox.consume() and record.open_round != call.round:
-                        asking.cancel()
+                        asking.cancel()  # withdrawn: the person is told once it has stopped asking
+                        await asyncio.wait({asking}, timeout=self.poll_interval)
                         break
             except BaseException:
                 asking.cancel()
@@ -60,7 +61,8 @@ class HumanStep:
                 if decision is not None:
                     verb = "approved" if decision.approved else "denied"
                     self.human.notify(
-                        f"call {call.call_id} was already {verb} by {decision.by or 'someone'} at {decision.at}"
+                        f"{call.call_id} was {verb} by {decision.by or 'someone'} from another process; "
+                        "nothing to answer"
                     )
                 continue
             answer = asking.result()

@@ -34,7 +34,7 @@ from .subagents import Children
 from .tool_step import ToolStep
 from .writer import StartGate, Writer
 
-__all__ = ["Drive"]
+__all__ = ["Drive", "lease_lost_in"]
 
 
 class Drive:
@@ -93,7 +93,7 @@ class Drive:
         self._start_seq = len(self.state.history)  # a run_stopped in force from here on is this drive's
         self._waiting_at_take = False  # a waiting run is returned as it is, without asking anyone
         self._lease_lost = False
-        self._closing = False  # _close_after has begun: the renewer's loss no longer cancels the drive
+        self._closing = False  # closing after an interrupt or error, or done: a lost lease cancels nothing
 
     async def run(self) -> State:
         """Drive to the next stop and release the run; returns the State."""
@@ -113,14 +113,18 @@ class Drive:
                 if await self._release():
                     return self.state
         except BaseException as exc:
+            self._closing = True
             self.trace.failed(exc)
             await self._close_after(exc)
+            if self._lease_lost and not isinstance(exc, LeaseLostError):
+                raise self._lease_lost_error() from exc  # found before or during the close: still a loss
             raise
         finally:
+            self._closing = True
             self.trace.end()
             ACTIVE_DRIVES.discard((loop, task))
             if self.gate.renewer is not None:
-                self.gate.renewer.stop_event.set()
+                self.gate.renewer.stop()
 
     async def run_compaction(self) -> State:
         """Consume the inbox, compact, and release: ``agent.compact`` as a short-lived taker."""
@@ -139,13 +143,25 @@ class Drive:
             self.trace.end()
 
     def _lost(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-        """The renewer lost the lease (its thread): cancel the drive, unless it is closing already."""
+        """The renewer found the lease lost (its thread): mark it, and cancel the drive on its loop."""
         self._lease_lost = True
-        loop.call_soon_threadsafe(self._cancel_unless_closing, task)
+        loop.call_soon_threadsafe(self._cancel_for_lost_lease, task)
 
-    def _cancel_unless_closing(self, task: asyncio.Task[Any]) -> None:
-        if not self._closing:  # it is stopping already: a cancel would only cut its close short
+    def _cancel_for_lost_lease(self, task: asyncio.Task[Any]) -> None:
+        """Cancel the drive for its lost lease, unless it is already closing or done (on the loop's thread).
+
+        A closing drive is not cancelled: that cancel would cut its close short and be raised instead of
+        the loss; the close sees ``_lease_lost`` and raises ``LeaseLostError`` itself.
+        """
+        if not self._closing:
             task.cancel()
+
+    def _lease_lost_error(self) -> LeaseLostError:
+        return LeaseLostError(
+            f"run {self.state.id} lease was lost (renewals failed for ttl/2). Fix: nothing; another process "
+            "may drive the run now",
+            run_id=self.state.id,
+        )
 
     async def _cancel_children(self) -> None:
         await self.tools.cancel_children()
@@ -221,30 +237,21 @@ class Drive:
     async def _close_after(self, exc: BaseException) -> None:
         """After an interrupt or error: abort in-flight unsafe calls, write ``run_released``, release."""
         self.gate.stopping = True
-        self._closing = True
         in_flight = self.tools.interrupted()
         state, writer = self.state, self.writer
-        refused = writer.save_failed
-        if refused is not None:
+        if writer.save_failed is not None:
             await writer.give_up()  # the store refused this append; a retry here would fail the same way
-            if (
-                isinstance(refused, LeaseLostError)
-                and self._lease_lost
-                and isinstance(exc, asyncio.CancelledError)
-            ):
-                raise refused from exc  # the renewer's cancel came after the append's refusal: the lease says why
             return
         if isinstance(exc, LeaseLostError) or self._lease_lost:
-            await writer.give_up()
-            if not isinstance(exc, LeaseLostError):
-                raise LeaseLostError(
-                    f"run {state.id} lease was lost (renewals failed for ttl/2). Fix: nothing; another process "
-                    "may drive the run now",
-                    run_id=state.id,
-                ) from exc
+            await writer.give_up()  # the caller raises the loss
             return
         try:
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                lost = await self._lease_gone()
+                if lost is not None:  # taken over while this process was paused: nothing of ours to close
+                    _note_lost(exc, lost)
+                    await writer.give_up()
+                    return
                 _abort_in_flight(writer, in_flight)
                 if writer.acted and state.status not in j.STOP_STATUSES:
                     writer.add(j.RunReleased, reason=f"interrupted ({type(exc).__name__})")
@@ -254,9 +261,46 @@ class Drive:
                 await self.inbox.consume_stopping()
             await writer.give_up()
         except BaseException as save_error:
-            if save_error is not exc:
+            if isinstance(save_error, LeaseLostError):
+                _note_lost(exc, save_error)
+            elif save_error is not exc:
                 exc.add_note(f"saving the run also failed: {type(save_error).__name__}: {save_error}")
             await writer.give_up()
+
+    async def _lease_gone(self) -> LeaseLostError | None:
+        """After an interrupt: the LeaseLostError when this drive's ttl lease no longer holds the run (it
+        lapsed and was taken, or released by its new holder), else None (a lock, or still held)."""
+        lease = self.writer.lease
+        if lease.expires_at is None:
+            return None
+        future = self.store.io_threads.run_through(self.store.renew, lease)
+        while not future.done():
+            try:
+                await future  # a second cancel (SIGTERM and the worker's stop) does not cut the answer off
+            except asyncio.CancelledError:
+                continue
+            except Exception:
+                break
+        error = future.exception()
+        if error is None:
+            self.writer.lease = future.result()
+        return error if isinstance(error, LeaseLostError) else None  # another error: the closing save says
+
+
+_LOST = "_tether_lease_lost"
+
+
+def _note_lost(exc: BaseException, lost: LeaseLostError) -> None:
+    """Mark an interrupt whose drive found its lease lost (``lease_lost_in`` reads it); it released nothing."""
+    setattr(exc, _LOST, lost)
+    exc.add_note(f"the run was not released by this process: {lost}")
+
+
+def lease_lost_in(exc: BaseException) -> LeaseLostError | None:
+    """The LeaseLostError a drive found while closing after the interrupt ``exc`` (None: it released the
+    run, or tried to): a paused worker stopped after another took its run logs that, not a release."""
+    found = getattr(exc, _LOST, None)
+    return found if isinstance(found, LeaseLostError) else None
 
 
 def _abort_in_flight(writer: Writer, in_flight: list[str]) -> None:

@@ -11,6 +11,7 @@ import orjson
 
 from .. import journal as j
 from ..context import build_request
+from ..errors import UnencodableError
 from ..events import Event, Reset, Retrying, TextDelta
 from ..messages import Message
 from ..messages import text_block as _text
@@ -19,6 +20,8 @@ from ..output import OUTPUT_TOOL, OutputSpec, OutputValidationError
 from ..tools import ToolInputError
 from .agent_spec import DrivenAgent
 from .inbox import InboxWatch
+from .request_watch import CANCELLED, await_watched
+from .spans import NO_SPAN
 from .writer import Writer
 
 __all__ = ["COMPACT_INSTRUCTIONS", "COMPACT_PROMPT", "ModelStep", "backoff"]
@@ -100,20 +103,18 @@ class ModelStep:
 
         if self.emit is not None and state.history and state.history[-1].kind == "model_failed":
             self.emit(Reset(request.index))
-        ask = self.writer.trace.chat(request).task(agent.model.request(request, on_text))
-        try:
-            cancelled = await self._watch_for_cancel(ask)
-        except BaseException:
-            ask.cancel()
-            raise
-        if cancelled:
-            ask.cancel()
+        span = self.writer.trace.chat(request)
+        if span is NO_SPAN:  # awaited in this task; the inbox is read only once the request waits
+            reply = await await_watched(
+                agent.model.request(request, on_text), self.inbox, agent.poll_interval
+            )
+        else:  # traced: the request runs in a task of its own, with its span current there
+            reply = await self._traced(span.task(agent.model.request(request, on_text)))
+        if reply is CANCELLED:
             await self.inbox.consume()
             return
-        try:
-            reply = ask.result()
-        except Exception as exc:
-            await self._model_failed(exc)
+        if isinstance(reply, Exception):
+            await self._model_failed(reply)
             return
         await self._replied(reply)
 
@@ -160,17 +161,27 @@ class ModelStep:
         self.writer.add(j.Compacted, summary=summary, upto_seq=len(state.history), usage=reply.usage)
         await self.writer.flush()
 
-    async def _watch_for_cancel(self, ask: asyncio.Future[ModelReply]) -> bool:
-        """Wait for the reply while watching the inbox for a cancel; returns True when one came."""
-        while True:
-            done, _ = await asyncio.wait({ask}, timeout=self.agent.poll_interval)
-            if done:
-                return False
-            items = await self.inbox.read()
-            if items:
-                self.inbox.hold(items)
-                if any(item.type == "cancel" for item in items):
-                    return True
+    async def _traced(self, ask: asyncio.Task[ModelReply]) -> ModelReply | Exception:
+        """Wait for a request's task while watching the inbox for a cancel.
+
+        Returns:
+            The reply, the exception the request raised, or ``CANCELLED`` when a cancel came in.
+        """
+        try:
+            while True:
+                done, _ = await asyncio.wait({ask}, timeout=self.agent.poll_interval)
+                if done:
+                    error = None if ask.cancelled() else ask.exception()
+                    return error if isinstance(error, Exception) else ask.result()
+                items = await self.inbox.read()
+                if items:
+                    self.inbox.hold(items)
+                    if any(item.type == "cancel" for item in items):
+                        ask.cancel()
+                        return CANCELLED
+        except BaseException:
+            ask.cancel()
+            raise
 
     async def _model_failed(self, exc: Exception) -> None:
         state, agent = self.state, self.agent
@@ -231,13 +242,19 @@ class ModelStep:
                 }
                 index += 1
             content.append(block)
-        self.writer.add(
-            j.ModelReplied,
-            content=content,
-            stop_reason=reply.stop_reason,
-            usage=reply.usage,
-            model=reply.model,
-        )
+        try:
+            entry = self.writer.add(
+                j.ModelReplied,
+                content=content,
+                stop_reason=reply.stop_reason,
+                usage=reply.usage,
+                model=reply.model,
+            )
+        except UnencodableError as exc:  # a request that cannot succeed as it is: the run fails, saying why
+            await self._model_failed(exc)
+            return
+        assert isinstance(entry, j.ModelReplied)
+        content = entry.content  # as journaled (lone surrogates replaced): what a resumed run plans from
         calls = [b for b in content if b["type"] == "tool_call"]
         results = [b for b in calls if self.output is not None and b["name"] == OUTPUT_TOOL]
         for block in calls:
@@ -273,8 +290,15 @@ class ModelStep:
         if results:
             try:
                 value = output.validate(results[0].get("args"))
+                dumped = output.dump(value)
+                answer = orjson.dumps(dumped).decode()
             except ValueError as exc:
                 problem = str(exc)
+            except TypeError as exc:  # valid, but no journal can hold it (an integer beyond 64 bits)
+                problem = (
+                    f"the final result cannot be journaled: {exc}. Fix: call {OUTPUT_TOOL} with JSON values"
+                )
+            if problem is not None:
                 self.writer.add(
                     j.ToolFinished, call_id=results[0]["id"], outcome="input_error", content=[_text(problem)]
                 )
@@ -297,11 +321,10 @@ class ModelStep:
                 )
         if got_message:
             return  # a message came in meanwhile: the model is asked again
-        dumped = output.dump(value)
         self.writer.add(
             j.RunStopped,
             status="completed",
-            answer=orjson.dumps(dumped).decode(),
+            answer=answer,
             output=dumped,
             output_type=output.type_path,
             usage=dict(state.usage),

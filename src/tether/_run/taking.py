@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from .. import journal as j
+from .._encodable import clean
 from ..errors import ConflictError, RunBusyError, RunNotFoundError
 from ..messages import Message, text_of
 from ..output import OutputSpec
@@ -209,7 +210,7 @@ async def take_or_resume(
 def _check_same_start(state: State, message: Message, metadata: dict[str, str] | None) -> None:
     """Refuse to resume, for ``if_exists="resume"``, a run begun with another message or metadata."""
     first = next((e for e in state.history if isinstance(e, j.MessageAdded)), None)
-    if first is None or (first.role, list(first.content)) != (message.role, list(message.content)):
+    if first is None or (first.role, list(first.content)) != (message.role, clean(list(message.content))):
         began = text_of(first.content) if first is not None else ""
         raise ValueError(
             f"run {state.id} exists and began with {_short(began)}, not {_short(message.text)}. Fix: pass "

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .. import journal as j
+from ..errors import UnencodableError
 from ..messages import text_block as _text
 from ..stores.operations import cancel_tree, child_id_for
 from ..tools import ToolContext, ToolCutOff, ToolInputError, result_to_blocks
@@ -67,23 +68,30 @@ class ToolStep:
         self._cancelling: set[str] = set()  # subagent calls whose child is being cancelled
 
     async def run(self, call_ids: list[str]) -> None:
-        """Start the calls (one append with whatever is queued), run them together, poll the inbox."""
+        """Start the calls (one append with whatever is queued), run them together, poll the inbox.
+
+        A sync call whose result is there by the time its start's append returned (it ran on the store's
+        thread meanwhile) is journaled at once, without a task; the others each run in a task, awaited
+        together with a poll of the inbox every ``poll_interval``.
+        """
         for call_id in call_ids:
             self._start_on_save(call_id, self._start(call_id))
         await self.writer.flush()
-        for call_id in call_ids:
-            self._launch(call_id)
-        while self._tasks:
-            done, _ = await asyncio.wait(
-                set(self._tasks.values()),
-                timeout=self.agent.poll_interval,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            for task in done:
-                self._tasks = {cid: t for cid, t in self._tasks.items() if t is not task}
-                error = task.exception()
-                if error is not None:
-                    raise error
+        await self._launch(call_ids)
+        while True:
+            if self._tasks:
+                done, _ = await asyncio.wait(
+                    set(self._tasks.values()),
+                    timeout=self.agent.poll_interval,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in done:
+                    error = task.exception()
+                    if isinstance(error, _ToolInterrupt):  # its call stays listed: in flight at the interrupt
+                        raise error.interrupt
+                    self._tasks = {cid: t for cid, t in self._tasks.items() if t is not task}
+                    if error is not None:
+                        raise error
             if await self.inbox.consume():
                 if self.state.status == "cancelled":
                     for task in self._tasks.values():
@@ -99,8 +107,9 @@ class ToolStep:
                 for call_id in started:
                     self._start_on_save(call_id, self._start(call_id))
                 await self.writer.flush()
-                for call_id in started:
-                    self._launch(call_id)
+                await self._launch(started)
+            elif not self._tasks:
+                break
         await self.writer.flush()  # writes what a failed flush of a result left, or raises
 
     def interrupted(self) -> list[str]:
@@ -197,10 +206,63 @@ class ToolStep:
             state.id, call_id, record.attempt, record.key or "", tool, deps=self.deps, metadata=metadata
         )
 
-    def _launch(self, call_id: str) -> None:
-        self._tasks[call_id] = asyncio.ensure_future(self._invoke(call_id))
+    async def _launch(self, call_ids: list[str]) -> None:
+        """Journal the results already there (one append for all of them); give each other call a task."""
+        finished = False
+        for call_id in call_ids:
+            if self._finished_on_its_thread(call_id):
+                finished = True
+            else:
+                self._tasks[call_id] = asyncio.ensure_future(self._invoke(call_id))
+        if finished:
+            await self._save_result()
+
+    def _finished_on_its_thread(self, call_id: str) -> bool:
+        """Queue the result of a sync call that returned while its start was appended; False if it has none.
+
+        Only a value is taken here; a call that raised, or has not returned, is left to ``_invoke``.
+        """
+        started = self._prestarted.get(call_id)
+        if started is None or not started.done() or started.cancelled() or started.exception() is not None:
+            return False
+        del self._prestarted[call_id]
+        state, record = self.state, self.state.call(call_id)
+        if record is None or record.outcome is not None or not state.is_open(call_id):
+            log.info("run %s call %s finished after it was closed; result dropped", state.id, call_id)
+            return True
+        try:
+            outcome, content = "done", result_to_blocks(started.result())
+        except Exception as exc:  # as in _invoke_call: a result that cannot be shown is the call's error
+            outcome, content = "error", [_text(_error_text(exc))]
+        self._add_result(call_id, outcome, content)
+        return True
+
+    async def _save_result(self) -> None:
+        """Append the results queued; a failed append is retried at the end of the batch (DESIGN 5.3)."""
+        try:
+            await self.writer.flush()
+        except asyncio.CancelledError:
+            raise
+        except (
+            Exception
+        ) as exc:  # the other calls go on; the end of the batch writes what is missing, or raises
+            log.debug(
+                "run %s: saving a result failed (%s); retried at the end of the batch", self.state.id, exc
+            )
 
     async def _invoke(self, call_id: str) -> None:
+        """Run one call and journal its result; a tool's ``SystemExit`` or ``KeyboardInterrupt`` interrupts.
+
+        Such an exception must not escape the call's task (asyncio would raise it out of the event loop,
+        leaving the drive suspended and the run held): it is carried out as a ``_ToolInterrupt``, which
+        ``run`` raises in the drive's own task, where it closes the run as Ctrl+C does (DESIGN 5.4).
+        """
+        try:
+            await self._invoke_call(call_id)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            raise _ToolInterrupt(exc) from None
+
+    async def _invoke_call(self, call_id: str) -> None:
         """Run one call (retrying timeouts of read_only and idempotent tools) and journal its result."""
         state = self.state
         record = state.call(call_id)
@@ -250,25 +312,47 @@ class ToolStep:
                 outcome, content = "input_error", [_text(str(exc))]
             except Exception as exc:
                 self.writer.trace.tool(call_id).error(exc)
-                outcome, content = "error", [_text(f"{type(exc).__name__}: {exc}")]
+                outcome, content = "error", [_text(_error_text(exc))]
             break
         if record.outcome is not None or not state.is_open(call_id):
             log.info("run %s call %s finished after it was closed; result dropped", state.id, call_id)
             return
-        self.writer.add(j.ToolFinished, call_id=call_id, outcome=outcome, content=content, usage=usage)
+        self._add_result(call_id, outcome, content, usage)
+        await self._save_result()
+
+    def _add_result(
+        self, call_id: str, outcome: str, content: list[Any], usage: dict[str, int] | None = None
+    ) -> None:
+        """Queue a call's ``tool_finished``; a result no journal can hold closes the call ``error`` instead."""
         try:
-            await self.writer.flush()
-        except asyncio.CancelledError:
-            raise
-        except (
-            Exception
-        ) as exc:  # the other calls go on; the end of the batch writes what is missing, or raises
-            log.debug(
-                "run %s: saving the result of %s failed (%s); retried at the end of the batch",
-                state.id,
-                call_id,
-                exc,
+            self.writer.add(j.ToolFinished, call_id=call_id, outcome=outcome, content=content, usage=usage)
+        except UnencodableError as exc:  # the tool ran: say so, rather than leave the call open to be retried
+            text = f"the tool ran, but its result cannot be journaled: {exc.problem}. Fix: {_JSON_RESULTS}"
+            self.writer.add(
+                j.ToolFinished, call_id=call_id, outcome="error", content=[_text(text)], usage=usage
             )
+
+
+class _ToolInterrupt(Exception):
+    """A tool raised ``SystemExit`` or ``KeyboardInterrupt`` (``interrupt``), carried out of its call's task."""
+
+    def __init__(self, interrupt: BaseException) -> None:
+        super().__init__(f"a tool raised {type(interrupt).__name__}")
+        self.interrupt = interrupt
+
+
+_JSON_RESULTS = (
+    "return text, or JSON values (strings, integers within 64 bits, floats, booleans, None, lists, and dicts "
+    "with string keys)"
+)
+
+
+def _error_text(exc: BaseException) -> str:
+    """``Type: message`` of a tool's exception; never raises (its ``__str__`` may)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message cannot be shown)"
 
 
 def _drop_result(future: asyncio.Future[Any]) -> None:

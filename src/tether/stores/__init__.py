@@ -1,9 +1,12 @@
-"""Stores: where runs live (DESIGN 8). ``open_store(url)`` picks one from a URL."""
+"""Stores: where runs live (DESIGN 8). ``open_store(url)`` picks one from a URL; ``register_scheme`` (or an
+entry point in the group ``tether.stores``) adds a scheme for a store of another package."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from . import _schemes
+from ._schemes import register_scheme
 from .base import Lease, Owner, RunInfo, Store
 from .memory import MemoryStore
 
@@ -22,6 +25,7 @@ __all__ = [
     "SQLiteStore",
     "Store",
     "open_store",
+    "register_scheme",
 ]
 
 
@@ -43,19 +47,26 @@ def __getattr__(name: str) -> Any:
 
 
 def open_store(url: str) -> Store:
-    """A store from a URL: ``sqlite:///rel.db`` / ``sqlite:////abs.db``, ``file:PATH`` (or a plain path), ``memory:``.
+    """A store from a URL: ``sqlite:///rel.db`` / ``sqlite:////abs.db``, ``file:PATH`` (or a path with a
+    slash: ``./runs``, ``/srv/runs``), ``memory:``, ``postgresql://...``, or a scheme a store package
+    registered (``register_scheme``, or an entry point in the group ``tether.stores``).
 
-    ``open_store(store.identity)`` opens the same store again.
+    ``open_store(store.identity)`` opens the same store again (except a MemoryStore's ``memory:``, a new one).
 
     Raises:
-        ValueError: the URL's scheme is not known, or it names no path.
+        ValueError: the URL's scheme is not known, it names no path, it is a bare word (``runs``: a folder or
+            a file?), or it gives a memory store a name (each MemoryStore is its own, in one process).
     """
     if not isinstance(url, str) or not url.strip():
         raise ValueError("store URL is empty. Fix: pass 'file:runs', 'memory:' or 'sqlite:///path/runs.db'")
-    if url == "memory:" or url == "memory://":
-        return MemoryStore()
     scheme, sep, rest = url.partition(":")
+    if scheme == "memory" and sep:
+        if rest in ("", "//"):
+            return MemoryStore()
+        raise _schemes.memory_name_error(url)
     if not sep or "/" in scheme or "\\" in scheme or len(scheme) == 1:  # a plain path (or C:\ on Windows)
+        if (bare := _schemes.bare_word_error(url)) is not None:
+            raise bare
         from .files.store import FileStore
 
         return FileStore(url)
@@ -83,7 +94,7 @@ def open_store(url: str) -> Store:
                 f"store URL {url!r} needs psycopg ({exc}). Fix: pip install 'tether[postgres]'"
             ) from None
         return PostgresStore(url)
-    raise ValueError(
-        f"store URL {url!r} has an unknown scheme {scheme!r}. Fix: use 'sqlite:///PATH', 'file:PATH' or "
-        "'memory:' (or postgresql://USER@HOST/DB)"
-    )
+    made = _schemes.open_registered(scheme, url)
+    if made is not None:
+        return made
+    raise _schemes.unknown_scheme_error(url, scheme)

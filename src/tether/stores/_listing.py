@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
+from .._encodable import clean
 from ._records import RunInfo
 
 __all__ = ["ListCursor", "ListQuery", "as_cutoff", "check_metadata_filter", "listing_key"]
@@ -29,7 +30,7 @@ def check_metadata_filter(metadata: Mapping[str, str] | None) -> dict[str, str]:
             f"metadata filter {metadata!r} is not a dict of strings to strings. Fix: pass e.g. "
             'metadata={"user": "u42"}'
         )
-    return dict(metadata)
+    return clean(dict(metadata))  # lone surrogates as journaled: U+FFFD (tether._encodable)
 
 
 def as_cutoff(value: datetime | timedelta | str) -> str:

@@ -136,7 +136,7 @@ def stored_body(run_id: str, body: bytes) -> Stored:
     if not isinstance(obj, dict):
         return Stored("", "", functools.partial(j.decode_entry, body, run_id))
     return Stored(
-        str(obj.get("w") or ""), str(obj.get("h") or ""), functools.partial(j.decode_entry, obj, run_id)
+        str(obj.get("w") or ""), str(obj.get("h") or ""), functools.partial(j.decode_entry, body, run_id)
     )
 
 

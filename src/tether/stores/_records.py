@@ -5,13 +5,14 @@ Also the errors of a take, an append and a renew, each worded here once for ever
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import journal as j
-from ..errors import ConflictError, LeaseLostError, RunBusyError
+from ..errors import ConflictError, LeaseLostError, RunBusyError, StoreFullError, StoreLockedError
 
 __all__ = [
     "Lease",
@@ -19,11 +20,17 @@ __all__ = [
     "RunInfo",
     "busy_error",
     "conflict_error",
+    "full_error",
     "gap_error",
     "kept_changing_error",
     "lease_lost_error",
+    "locked_error",
+    "no_room",
     "pid_alive",
 ]
+
+NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""The ``errno`` values of a write that found no room: a full disk, a full quota."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,4 +187,42 @@ def kept_changing_error(run_id: str) -> ConflictError:
         f"run {run_id}: the journal kept changing under this append. Fix: store.load(id) again and "
         "continue from there",
         run_id=run_id,
+    )
+
+
+def no_room(exc: BaseException) -> bool:
+    """Whether ``exc`` is an OSError of a write that found no room (``ENOSPC``, ``EDQUOT``)."""
+    return isinstance(exc, OSError) and not isinstance(exc, StoreFullError) and exc.errno in NO_ROOM_ERRNOS
+
+
+def full_error(run_id: str | None, path: str, reason: str, code: int = errno.ENOSPC) -> StoreFullError:
+    """The StoreFullError of a write for ``run_id`` (None: no run's) to ``path`` that found no room
+    (``reason``: the OS's or SQLite's words). The write was refused whole; what was saved before it is kept."""
+    if run_id is None:
+        return StoreFullError(
+            f"no room to write {path} ({reason}); nothing was written. Fix: free space on that disk (or raise "
+            "its quota), then try again",
+            code=code,
+            filename=path,
+        )
+    return StoreFullError(
+        f"run {run_id}: no room to write {path} ({reason}); this write was refused whole and everything "
+        "saved before it is kept. Fix: free space on that disk (or raise its quota), then save again: "
+        f"store.save(state) writes what this process still holds, tether resume {run_id} continues from "
+        "what is saved",
+        run_id=run_id,
+        code=code,
+        filename=path,
+    )
+
+
+def locked_error(path: str, waited: float, reason: str, run_id: str | None = None) -> StoreLockedError:
+    """The StoreLockedError of a write to the SQLite file ``path`` that waited ``waited`` seconds for another
+    process's write transaction (``run_id``: the run it was writing, when there was one)."""
+    what = f"run {run_id}: " if run_id else ""
+    return StoreLockedError(
+        f"{what}SQLite file {path} stayed locked by another process's write for {waited:.0f}s ({reason}); "
+        f"nothing was written. Fix: end the process holding a write transaction open on it (fuser {path} "
+        "names it), or let the store wait longer: SQLiteStore(path, lock_timeout=SECONDS)",
+        filename=path,
     )

@@ -171,7 +171,9 @@ async def append_missing(store: Face, state: State, lease: Lease) -> None:
     stored = await stored_length(store, state)
     if stored >= len(state.history):
         return
-    missing = j.seal(state.history[stored:], lease.owner.writer)
+    missing = j.seal(
+        state.history[stored:], lease.owner.writer, run_id=state.id, version=state.format_version
+    )
     await store.append(
         state.id,
         missing,
@@ -371,7 +373,7 @@ def fork_boundary(entries: Sequence[j.Entry], at_seq: int) -> int:
 
 def _inherited(entry: j.Entry) -> j.Entry:
     """A source entry as a fork keeps it: unsealed, and no longer tied to the source's inbox."""
-    changes: dict[str, Any] = {"w": "", "h": "", "b": 0}
+    changes: dict[str, Any] = {"w": "", "h": "", "b": 0, "v": None}  # sealed again, in the fork's format
     if isinstance(entry, j.InboxSkipped):
         changes.update(inbox_seq=-1, item_id=None)
     else:

@@ -15,7 +15,6 @@ from ...errors import ConflictError, LeaseLostError, RunBusyError, RunNotFoundEr
 from ...state import State
 from ...stores.base import Owner, Store
 from .support import (
-    _SPAWN,
     ConformanceBase,
     _post_items,
     _token,
@@ -115,13 +114,13 @@ class JournalCases(ConformanceBase):
         state, lease = make_run(store, "r1", held=True)
         stored = add(store, state, lease, 2)
         longer = j.seal(
-            [*stored, j.MessageAdded(seq=4, at=j.now_iso())], writer_of(state).writer_id
+            [*stored, j.MessageAdded(seq=4, at=j.now_iso())], writer_of(state).writer_id, run_id="r1"
         )  # re-sealed: h differs
         with pytest.raises(ConflictError):
             store.append("r1", longer, expected_seq=2, writer=writer_of(state).writer_id, lease_token=_token(lease),
                          info=state.info())  # fmt: skip
         intruder = j.seal(
-            [j.MessageAdded(seq=3, at=j.now_iso()), j.MessageAdded(seq=4, at=j.now_iso())], "w2"
+            [j.MessageAdded(seq=3, at=j.now_iso()), j.MessageAdded(seq=4, at=j.now_iso())], "w2", run_id="r1"
         )
         with pytest.raises(ConflictError, match="seq 3"):
             store.append("r1", intruder, expected_seq=3, writer="w2", lease_token=_token(lease), info={})
@@ -129,7 +128,7 @@ class JournalCases(ConformanceBase):
 
     def test_a_gap_is_refused(self, store: Store) -> None:
         state, lease = make_run(store, "r1", held=True)
-        ahead = j.seal([j.MessageAdded(seq=3, at=j.now_iso())], writer_of(state).writer_id)
+        ahead = j.seal([j.MessageAdded(seq=3, at=j.now_iso())], writer_of(state).writer_id, run_id="r1")
         with pytest.raises(ConflictError, match="gap"):
             store.append("r1", ahead, expected_seq=3, writer=writer_of(state).writer_id, lease_token=_token(lease),
                          info=state.info())  # fmt: skip
@@ -147,7 +146,7 @@ class JournalCases(ConformanceBase):
         append_sealed(store, "r1", lease, batch)
         append_sealed(store, "r1", lease, batch)  # a retry whose write had landed: nothing written
         assert store.length("r1") == 4
-        longer = j.seal([*batch, j.MessageAdded(seq=4, at=j.now_iso())], writer)
+        longer = j.seal([*batch, j.MessageAdded(seq=4, at=j.now_iso())], writer, run_id="r1")
         with pytest.raises(ConflictError):  # resealed: the b countdown (and so h) differ from what is stored
             append_sealed(store, "r1", lease, longer)
         append_sealed(store, "r1", lease, messages(4, 1, writer))
@@ -227,7 +226,7 @@ class JournalCases(ConformanceBase):
         self.needs_processes()
         make_sealed(store, "r1")
         url = self.store_url(tmp_path)
-        with _SPAWN.Pool(4) as pool:
+        with self.pool(4, url) as pool:
             results = pool.starmap(_post_items, [(url, "r1", f"p{i}", 50, False) for i in range(4)])
         got = sorted(seq for seqs in results for seq in seqs)
         assert got == list(range(200))
@@ -245,7 +244,7 @@ class JournalCases(ConformanceBase):
         state, lease = make_run(store, "r1", held=True)
         assert lease is not None
         url = self.store_url(tmp_path)
-        with _SPAWN.Pool(4) as pool:
+        with self.pool(4, url) as pool:
             pending = pool.starmap_async(_post_items, [(url, "r1", f"p{n}", 25) for n in range(4)])
             while not pending.ready():
                 add(store, state, lease)  # the holder keeps appending and consuming meanwhile

@@ -104,7 +104,7 @@ class LeaseCases(ConformanceBase):
         make_run(store, "r1")
         start, done, results = _SPAWN.Barrier(4), _SPAWN.Event(), _SPAWN.Queue()
         url = self.store_url(tmp_path)
-        procs = [_SPAWN.Process(target=_claim_once, args=(url, "r1", start, done, results)) for _ in range(4)]
+        procs = [self.process(_claim_once, url, "r1", start, done, results) for _ in range(4)]
         for proc in procs:
             proc.start()
         outcomes = sorted(results.get(timeout=60) for _ in procs)
@@ -117,7 +117,7 @@ class LeaseCases(ConformanceBase):
     def test_takeover_after_the_holder_process_dies(self, store: Store, tmp_path: Path) -> None:
         self.needs_processes()
         token_file = tmp_path / "token"
-        proc = _SPAWN.Process(target=_hold_and_die, args=(self.store_url(tmp_path), "r1", str(token_file)))
+        proc = self.process(_hold_and_die, self.store_url(tmp_path), "r1", str(token_file))
         proc.start()
         proc.join(60)
         assert proc.exitcode == -signal.SIGKILL
@@ -180,6 +180,40 @@ class LeaseCases(ConformanceBase):
         _wait_until(lambda: other.holder("r1") is None)
         with pytest.raises(LeaseLostError):
             append_sealed(other, "r1", taken, messages(3, 1, taken.owner.writer))
+
+    def test_an_append_after_the_lease_lapsed_is_refused_with_the_lease_error(
+        self, store: Store, other: Store
+    ) -> None:
+        """A holder that stopped renewing (paused, cut off) may think it still holds the run; every append it
+        makes once its lease lapsed is refused with LeaseLostError: with no one else holding the run yet,
+        after another claimant took it, and after that claimant appended (not a ConflictError about seqs)."""
+        self.needs_ttl(store)
+        writer, lapsed = make_sealed(store, "r1", held=True, ttl=0.3)
+        assert lapsed is not None
+        _wait_until(lambda: other.holder("r1") is None)  # expired, not renewed, nobody else holding it
+        with pytest.raises(LeaseLostError, match="run r1 is no longer held by this writer"):
+            append_sealed(store, "r1", lapsed, messages(2, 1, writer))
+        assert other.length("r1") == 2, "nothing of the refused append was stored"
+        claimed = other.claim("r1", Owner.here(), ttl=30.0)
+        with pytest.raises(LeaseLostError):  # taken over, nothing appended by the new holder yet
+            append_sealed(store, "r1", lapsed, messages(2, 1, writer))
+        append_sealed(other, "r1", claimed, messages(2, 2, claimed.owner.writer, text="new holder"))
+        with pytest.raises(LeaseLostError):  # at the seq it expected: the lease error, not a ConflictError
+            append_sealed(store, "r1", lapsed, messages(2, 1, writer))
+        with pytest.raises(LeaseLostError):  # and where the journal ends now
+            append_sealed(store, "r1", lapsed, messages(4, 1, writer))
+        assert [e.w for e in other.read("r1")[2:]] == [j.short_writer(claimed.owner.writer)] * 2
+        # a claimed lease (not a created one) lapses the same way, and a retry of its own stored batch too
+        other.abandon(claimed)
+        again = other.claim("r1", Owner.here(), ttl=0.3)
+        own = messages(4, 1, again.owner.writer)
+        append_sealed(other, "r1", again, own)
+        _wait_until(lambda: other.holder("r1") is None)
+        with pytest.raises(LeaseLostError):
+            append_sealed(other, "r1", again, messages(5, 1, again.owner.writer))
+        with pytest.raises(LeaseLostError):
+            append_sealed(other, "r1", again, own)
+        assert other.length("r1") == 5
 
     def test_lease_expiry_and_takeover(self, store: Store, other: Store) -> None:
         self.needs_ttl(store)
@@ -258,7 +292,7 @@ class LeaseCases(ConformanceBase):
         make_run(store, "other", agent="someone-else")
         done, results = _SPAWN.Event(), _SPAWN.Queue()
         url = self.store_url(tmp_path)
-        procs = [_SPAWN.Process(target=_claim_all, args=(url, ["worker"], done, results)) for _ in range(4)]
+        procs = [self.process(_claim_all, url, ["worker"], done, results) for _ in range(4)]
         for proc in procs:
             proc.start()
         claimed = [run_id for _ in procs for run_id in results.get(timeout=120)]

@@ -94,7 +94,9 @@ class ListingCases(ConformanceBase):
         writer, lease = make_sealed(store, "m2", held=True, metadata=two, updated_at=ago(20))
         make_sealed(store, "m3", updated_at=ago(10))  # no metadata at all
         assert lease is not None
-        append_sealed(store, "m2", lease, messages(2, 1, writer), metadata=two, updated_at=ago(5))
+        append_sealed(
+            store, "m2", lease, messages(2, 1, writer, run_id="m2"), metadata=two, updated_at=ago(5)
+        )
         assert [i.id for i in store.list()] == ["m2", "m3", "m1"]
         by_id = {i.id: i for i in store.list()}
         assert (by_id["m1"].metadata, by_id["m2"].metadata, by_id["m3"].metadata) == (one, two, {})

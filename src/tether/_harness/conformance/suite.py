@@ -13,9 +13,12 @@ class TestMyStore(StoreConformance):
 
 Each test gets a fresh store from ``make_store(tmp_path)`` and runs twice: through the store's sync methods,
 and through their ``a``-prefixed twins (each sync call of the case awaits the twin; ``faces.py``), so a
-store implementing either face, or both, is checked to the same contract. Concurrency cases run real processes (spawned,
-not forked) that open the store with ``tether.open_store(self.store_url(tmp_path))``; a store that lives in
-one process sets ``multiprocess_skip_reason``. Lease-expiry cases run when a claim with a ttl returns a
+store implementing either face, or both, is checked to the same contract. Concurrency cases run real
+processes (spawned, not forked) that open the store with ``tether.open_store(self.store_url(tmp_path))``; a
+store of your own package gets there through its URL scheme (``tether.stores.register_scheme("myscheme",
+factory)`` in the test module, registered again in each child process, or an entry point in the group
+``tether.stores``); a store that lives in one process sets ``multiprocess_skip_reason``. Lease-expiry cases
+run when a claim with a ttl returns a
 Lease with ``expires_at`` (a ttl store); lock stores skip them. The cases follow the ``Store`` docstrings
 (``tether.stores.base``), DESIGN 8 and DURABILITY 2-6. This module imports pytest: import it only in tests (and for pytest's detailed assertion messages, call
 ``pytest.register_assert_rewrite("tether._harness.conformance.suite")`` in your ``conftest.py``).

@@ -5,7 +5,9 @@ the child processes of the concurrency cases, and the base class with the fixtur
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.pool
 import os
+import pickle
 import signal
 import time
 import weakref
@@ -20,7 +22,8 @@ from ... import journal as j
 from ..._consume import consume
 from ...errors import RunBusyError
 from ...state import State
-from ...stores import open_store
+from ...stores import open_store, register_scheme
+from ...stores._schemes import StoreFactory, registered
 from ...stores.base import Lease, Owner, Store
 from ...stores.operations import write_all
 from ...writing import JournalWriter
@@ -151,11 +154,12 @@ def first_batch(
             j.MessageAdded(seq=1, at=at, content=[{"type": "text", "text": "hi"}]),
         ],
         writer,
+        run_id=run_id,
     )
 
 
-def messages(start: int, count: int, writer: str, text: str = "x") -> list[j.Entry]:
-    """One append of ``count`` messages from seq ``start``, sealed by ``writer``."""
+def messages(start: int, count: int, writer: str, text: str = "x", *, run_id: str = "r1") -> list[j.Entry]:
+    """One append of ``count`` messages from seq ``start`` of run ``run_id``, sealed by ``writer``."""
     at = j.now_iso()
     return j.seal(
         [
@@ -163,6 +167,7 @@ def messages(start: int, count: int, writer: str, text: str = "x") -> list[j.Ent
             for i in range(count)
         ],
         writer,
+        run_id=run_id,
     )
 
 
@@ -195,7 +200,44 @@ def append_sealed(store: Store, run_id: str, lease: Lease, entries: list[j.Entry
 
 
 # --------------------------------------------------------------------------------------------------
-# Child processes (spawned; each opens the store from its URL)
+# Child processes (spawned; each opens the store from its URL, through the schemes registered here too)
+
+
+def child_schemes(url: str) -> dict[str, StoreFactory]:
+    """The URL schemes registered in this process, for each child process to register before it opens the
+    store at ``url`` (a factory travels by reference: its module is imported in the child). Factories a
+    child cannot import are left out, unless ``url`` needs one.
+
+    Raises:
+        TypeError: ``url``'s scheme is registered to a factory a child process cannot import (a lambda, a
+            local function).
+    """
+    schemes = {}
+    for name, factory in registered().items():
+        try:
+            pickle.dumps(factory)
+            schemes[name] = factory
+        except Exception as exc:
+            if url.partition(":")[0] != name:
+                continue
+            raise TypeError(
+                f"store URL scheme {name!r} is registered to {factory!r}, which a child process cannot import "
+                f"({exc}). Fix: register a module-level function or class, or list the scheme as an entry "
+                "point in the group tether.stores"
+            ) from None
+    return schemes
+
+
+def _register(schemes: dict[str, StoreFactory]) -> None:
+    """In a child process: register the parent's schemes (a Pool's initializer)."""
+    for name, factory in schemes.items():
+        register_scheme(name, factory, replace=True)
+
+
+def _in_child(schemes: dict[str, StoreFactory], target: Any, *args: Any) -> None:
+    """In a child process: register the parent's schemes, then run ``target(*args)``."""
+    _register(schemes)
+    target(*args)
 
 
 def _post_items(url: str, run_id: str, tag: str, count: int, retry: bool = True) -> list[int]:
@@ -297,6 +339,16 @@ class ConformanceBase:
     def needs_processes(self) -> None:
         if self.multiprocess_skip_reason:
             pytest.skip(self.multiprocess_skip_reason)
+
+    @staticmethod
+    def process(target: Any, url: str, *args: Any) -> multiprocessing.process.BaseProcess:
+        """A spawned (not started) process running ``target(url, *args)`` with this process's URL schemes."""
+        return _SPAWN.Process(target=_in_child, args=(child_schemes(url), target, url, *args))
+
+    @staticmethod
+    def pool(processes: int, url: str) -> multiprocessing.pool.Pool:
+        """A pool of spawned processes opening ``url``, with this process's URL schemes registered in each."""
+        return _SPAWN.Pool(processes, initializer=_register, initargs=(child_schemes(url),))
 
     @staticmethod
     def needs_ttl(store: Store) -> None:

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-import orjson
-
 from ... import journal as j
-from ...errors import NewerFormatError, RunNotFoundError
+from ...errors import NewerFormatError, RunBusyError, RunNotFoundError
 from .._listing import ListQuery
 from ..base import (
     Owner,
@@ -73,6 +71,7 @@ class FileListing(Store):
         _itails: dict[str, ft.ITail]
 
         def _paths(self, run_id: str) -> tuple[str, str, str]: ...
+        def _hidden_holder(self, run_id: str, fd: int, jpath: str, lpath: str) -> RunBusyError | None: ...
         def _journal_tail(self, run_id: str, jpath: str) -> ft.JTail: ...
         @staticmethod
         def _open_run_file(run_id: str, path: str, flags: int) -> int: ...
@@ -128,9 +127,7 @@ class FileListing(Store):
         jpath, ipath, _ = self._paths(run_id)
         try:
             tail = self._journal_tail(run_id, jpath)
-            record = orjson.loads(tail.info_line)["info"]  # no complete append at all: damaged
-            if not isinstance(record, dict):
-                raise TypeError("the listing record is not an object")
+            record = ft.tail_record(tail)  # no complete append at all: damaged
         except RunNotFoundError:
             return None  # deleted meanwhile
         except NewerFormatError:
@@ -223,6 +220,12 @@ class FileListing(Store):
                         os.unlink(lpath)
                         os.close(fd)
                         fd = None
+                    hidden = self._hidden_holder(run_id, fd, jpath, lpath) if fd is not None else None
+                    if fd is not None and hidden is not None:  # its lock file was replaced under a holder
+                        os.close(fd)
+                        if still is not None:
+                            return False
+                        raise hidden
                     if fd is not None:
                         locks[run_id] = fd
                     else:

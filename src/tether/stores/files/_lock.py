@@ -21,10 +21,10 @@ from .._planner import check_batch
 
 __all__ = [
     "UndoFailed",
+    "append_bytes",
     "as_int",
     "check_batch",
     "cut_torn",
-    "encode_append",
     "failpoints_before",
     "fsync_dir",
     "inbox_count",
@@ -195,8 +195,13 @@ def read_lock(fd_or_path: int | str) -> dict[str, Any]:
 
 
 def write_lock(fd: int, content: dict[str, Any]) -> None:
-    """Replace a held lock file's content and fsync it (written first, then cut: a crash leaves line 1)."""
-    data = orjson.dumps(content) + b"\n"
+    """Replace a held lock file's content and fsync it (written first, then cut: a crash leaves line 1).
+
+    The content also names the file's own inode (``inode``: device and number), so a taker can tell a
+    file a holder wrote from one that replaced it (``_holders``).
+    """
+    st = os.fstat(fd)
+    data = orjson.dumps({**content, "inode": [st.st_dev, st.st_ino]}) + b"\n"
     pwrite_all(fd, data, 0)
     os.ftruncate(fd, len(data))
     os.fsync(fd)
@@ -211,16 +216,9 @@ def as_int(value: object, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def encode_append(
-    entries: Sequence[j.Entry], info: dict[str, Any], length: int, token: int | None
-) -> tuple[bytes, bytes]:
-    """One append's bytes (its entry lines, then its listing line) and the listing line alone.
-
-    Raises:
-        TypeError: ``info`` cannot be written as JSON.
-    """
-    info_line = orjson.dumps({"info": {**info, "length": length, "token": token}})
-    return b"".join([j.encode_entry(e) + b"\n" for e in entries]) + info_line + b"\n", info_line
+def append_bytes(lines: Sequence[bytes], info_line: bytes) -> bytes:
+    """One append's bytes: its entry lines, then its listing line, each ending with a newline."""
+    return b"\n".join([*lines, info_line]) + b"\n"
 
 
 class UndoFailed(OSError):

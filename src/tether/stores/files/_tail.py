@@ -15,6 +15,7 @@ import orjson
 
 from ... import journal as j
 from ...errors import CorruptJournalError
+from ._info import FULL_PREFIX, SHORT_PREFIX, is_listing, record
 from ._lock import BLOCK, pread_all
 
 __all__ = [
@@ -23,16 +24,21 @@ __all__ = [
     "JTail",
     "Parsed",
     "anchored",
+    "named",
     "parse_forward",
     "parse_inbox",
     "refresh_inbox",
     "refresh_journal",
     "same",
     "scan_tail",
+    "tail_record",
 ]
 
-INFO_PREFIX = b'{"info"'
-"""How a journal's listing line begins (an entry line begins with ``{"kind"``)."""
+INFO_PREFIX = FULL_PREFIX
+"""How a journal's full listing line begins (``_info.py``; an entry line begins with ``{"h"`` or ``{"kind"``)."""
+
+LISTING = (FULL_PREFIX, SHORT_PREFIX)
+"""How a listing line begins (either kind), for ``bytes.startswith``."""
 
 RESCAN_OVER = 1 << 16
 """Past this many new bytes, a cached tail is rebuilt from the last block rather than every new line."""
@@ -53,6 +59,7 @@ class Parsed:
         version: the journal's format version when its ``run_started`` was seen (or given), else None.
         info_line: the listing line of the last complete append (``b""`` when none was seen).
         last: the last complete append's entries (its end only, when it began before the bytes read).
+        full_line: the last full listing line seen (``b""`` when none), and ``full_end`` the offset after it.
     """
 
     entries: list[j.Entry]
@@ -61,20 +68,62 @@ class Parsed:
     version: int | None
     info_line: bytes = b""
     last: list[j.Entry] = field(default_factory=list)
+    full_line: bytes = b""
+    full_end: int = 0
 
 
 def _corrupt(run_id: str, seq: int | None, problem: str) -> CorruptJournalError:
     return CorruptJournalError(run_id, seq, problem)
 
 
-def _load_line(run_id: str, line: bytes, seq: int | None) -> dict[str, Any]:
+class _LineError(CorruptJournalError):
+    """A damaged line at file offset ``offset``; ``named`` says which line of which file."""
+
+    def __init__(self, run_id: str, seq: int | None, offset: int | None, what: str, stray: bool) -> None:
+        super().__init__(run_id, seq, f"its line {what}")
+        self.offset, self.what, self.stray = offset, what, stray
+
+
+_STRAY = (
+    "is not a tether journal entry (a JSON object without the fields every entry line begins with): a line "
+    "something else wrote, or a damaged one"
+)
+
+
+def _line_error(run_id: str, seq: int, offset: int, line: bytes, exc: CorruptJournalError) -> _LineError:
+    """``exc`` (the decoder's) about the line at ``offset``; a JSON object no tether wrote is called stray."""
+    if not line.startswith((b'{"h"', b'{"kind"')):
+        try:
+            stray = isinstance(orjson.loads(line), dict)
+        except orjson.JSONDecodeError:
+            stray = False
+        if stray:
+            return _LineError(run_id, seq, offset, _STRAY, True)
+    return _LineError(
+        run_id, seq, offset, exc.problem.removeprefix("its line ").removeprefix("the entry "), False
+    )
+
+
+def named(exc: CorruptJournalError, path: str) -> CorruptJournalError:
+    """``exc`` naming its line (``line 7 of /runs/r.jsonl``) when it is about one line, with the fix for it.
+
+    The line's number is counted from the file's start (an error path: the cost is no concern).
+    """
+    if not isinstance(exc, _LineError) or exc.offset is None:
+        return exc
     try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        raise _corrupt(run_id, seq, "its line is not valid JSON") from None
-    if not isinstance(obj, dict):
-        raise _corrupt(run_id, seq, "its line is not a JSON object")
-    return obj
+        with open(path, "rb") as file:
+            number = file.read(exc.offset).count(b"\n") + 1
+    except OSError:
+        return exc
+    fix = None
+    if exc.stray:
+        fix = (
+            f"if something other than tether wrote line {number}, remove that line (the journal is whole "
+            f"without it); otherwise restore the run from a backup, or fork it before the damaged entry "
+            f"(tether fork {exc.run_id} --at SEQ)"
+        )
+    return CorruptJournalError(exc.run_id, exc.seq, f"line {number} of {path} {exc.what}", fix=fix)
 
 
 def parse_forward(
@@ -92,32 +141,39 @@ def parse_forward(
     entries: list[j.Entry] = []
     pending: list[j.Entry] = []
     out = Parsed(entries, base, seq, version)
+    decode = j.LineDecoder(run_id)
     expect: int | None = None  # None: an append begins; -1: its listing line is due; k: the next b
     pos = 0
     for line in data.split(b"\n")[:-1]:
+        at = base + pos  # the line's file offset
         pos += len(line) + 1
-        if line.startswith(INFO_PREFIX):
+        if line.startswith(LISTING):
             if expect != -1:
                 raise _corrupt(run_id, seq, "a listing line is out of place before this entry")
             if keep:
                 entries.extend(pending)
             out.last, pending = pending, []
             out.end, out.length, out.info_line = base + pos, seq, line
+            if line.startswith(FULL_PREFIX):
+                out.full_line, out.full_end = line, base + pos
             expect = None
             continue
         if expect == -1:
             raise _corrupt(run_id, seq, "the append before this entry has no listing line")
-        obj = _load_line(run_id, line, seq)
-        b = obj.get("b")
-        if not isinstance(b, int) or b < 0 or (expect is not None and b != expect):
-            raise _corrupt(
-                run_id, seq, f"its line breaks the append's countdown (b={b!r}, expected {expect})"
+        try:
+            entry = decode(line, version, seq)
+        except CorruptJournalError as exc:
+            raise _line_error(run_id, seq, at, line, exc) from None
+        b = entry.b
+        if b.__class__ is not int or b < 0 or (expect is not None and b != expect):
+            due = "any" if expect is None else str(expect)
+            raise _LineError(
+                run_id, seq, at, f"breaks the append's countdown (b is {b!r}, {due} was due)", False
             )
-        entry = j.decode_entry(obj, run_id, journal_version=version or j.FORMAT_VERSION)
         if entry.seq != seq:
             raise _corrupt(run_id, entry.seq, f"expected seq {seq} here")
-        if isinstance(entry, j.RunStarted):
-            version = entry.version
+        if entry.__class__ is j.RunStarted:
+            version = entry.version  # type: ignore[attr-defined]
             out.version = version
         pending.append(entry)
         seq += 1
@@ -144,21 +200,23 @@ def scan_tail(run_id: str, fd: int, size: int) -> Parsed:
         if cut >= 0:
             base = start + cut + 1
             lines = data[cut + 1 :].split(b"\n")[:-1]
-            idx = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(INFO_PREFIX)), -1)
-            if idx >= 1 and not lines[idx - 1].startswith(INFO_PREFIX):
-                return _tail_from(run_id, data[cut + 1 :], lines, idx, base)
+            idx = next((i for i in range(len(lines) - 1, -1, -1) if is_listing(lines[i])), -1)
+            if idx >= 1 and not is_listing(lines[idx - 1]):
+                full = next((i for i in range(idx, -1, -1) if lines[i].startswith(FULL_PREFIX)), -1)
+                if full >= 0:
+                    return _tail_from(run_id, data[cut + 1 :], lines, idx, base, full)
         block *= 4
 
 
-def _tail_from(run_id: str, body: bytes, lines: list[bytes], idx: int, base: int) -> Parsed:
+def _tail_from(run_id: str, body: bytes, lines: list[bytes], idx: int, base: int, full: int) -> Parsed:
     last: list[j.Entry] = []
     for distance, line in enumerate(reversed(lines[:idx])):
-        if line.startswith(INFO_PREFIX):
+        if is_listing(line):
             break
-        obj = _load_line(run_id, line, None)
-        if obj.get("b") != distance:
-            raise _corrupt(run_id, obj.get("seq"), "its line breaks the append's countdown")
-        last.append(j.decode_entry(obj, run_id))
+        entry = j.decode_entry(line, run_id)
+        if entry.b != distance:
+            raise _corrupt(run_id, entry.seq, "its line breaks the append's countdown")
+        last.append(entry)
     last.reverse()
     for before, after in itertools.pairwise(last):
         if after.seq != before.seq + 1:
@@ -166,7 +224,8 @@ def _tail_from(run_id: str, body: bytes, lines: list[bytes], idx: int, base: int
     offset = sum(len(line) + 1 for line in lines[: idx + 1])
     length = last[-1].seq + 1
     rest = parse_forward(run_id, body[offset:], base=base + offset, seq=length, version=None, keep=False)
-    return Parsed([], base + offset, length, rest.version, lines[idx], last)
+    full_end = base + sum(len(line) + 1 for line in lines[: full + 1])
+    return Parsed([], base + offset, length, rest.version, lines[idx], last, lines[full], full_end)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -221,6 +280,7 @@ class JTail:
         version: the journal's format version, when its ``run_started`` was read.
         info_line: the last complete append's listing line.
         last: the last complete append's entries (for retried appends).
+        full_line: the last full listing line, and ``full_end`` the offset after it (``_info.py``).
     """
 
     dev: int
@@ -232,13 +292,25 @@ class JTail:
     version: int | None
     info_line: bytes
     last: list[j.Entry]
+    full_line: bytes = b""
+    full_end: int = 0
 
     @classmethod
     def of(cls, st: os.stat_result, p: Parsed) -> JTail:
         """The tail state of a file whose fstat is ``st`` and whose bytes gave ``p``."""
         return cls(
-            st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, p.end, p.length, p.version, p.info_line, p.last
-        )
+            st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, p.end, p.length, p.version, p.info_line, p.last,
+            p.full_line, p.full_end,
+        )  # fmt: skip
+
+
+def tail_record(tail: JTail) -> dict[str, Any]:
+    """The whole listing record of the journal's last complete append.
+
+    Raises:
+        ValueError, KeyError, TypeError: no complete append, or a damaged listing line.
+    """
+    return record(tail.info_line, tail.full_line, tail.last, tail.length)
 
 
 @dataclass(slots=True)
@@ -286,6 +358,8 @@ def refresh_journal(run_id: str, fd: int, st: os.stat_result, cached: JTail | No
         )
         if not p.info_line:
             p.info_line, p.last = cached.info_line, cached.last
+        if not p.full_line:
+            p.full_line, p.full_end = cached.full_line, cached.full_end
     else:
         p = scan_tail(run_id, fd, st.st_size)
     return JTail.of(st, p)

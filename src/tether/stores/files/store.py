@@ -10,7 +10,10 @@ Each run has three files, all 0600 in a 0700 folder:
   newline-terminated line that fails to decode or its checksum, or that breaks the countdown, is corruption.
 - ``<id>.inbox.jsonl``, the inbox: one JSON line per item (``InboxItem.to_dict()``), numbered by line.
 - ``<id>.lock``, the lease: an exclusive ``flock`` held by the driving store object, with the holder's pid,
-  host, since, writer and token written in it (the token also goes into every listing line).
+  host, since, writer and token written in it (the token also goes into every listing line), and the file's
+  own inode. A take of a lock file that does not name its own inode (deleted and re-created, or replaced
+  from outside) first looks for a live holder of the old one, and the holder locks a new file when it finds
+  its own gone (``_holders``, DURABILITY 4). A holder keeps the journal open from its take to its release.
 
 Appends and posts hold ``flock(LOCK_EX)`` on their file for check, write and sync; readers hold
 ``LOCK_SH`` only while copying bytes. Tail state (size, length, last append) is cached per run and checked
@@ -28,6 +31,7 @@ writes; ``torn_append`` writes about half of the append's bytes (cut inside a li
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import os
@@ -42,19 +46,21 @@ from typing import Any
 import orjson
 
 from ... import journal as j
-from ...errors import RunBusyError, RunNotFoundError, StoreBrokenError
+from ...errors import CorruptJournalError, RunBusyError, RunNotFoundError, StoreBrokenError, StoreFullError
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .._planner import Stored, plan_append, stored_entry
-from .._records import lease_lost_error
+from .._records import full_error, lease_lost_error, no_room
 from ..base import (
     Lease,
     Owner,
     busy_error,
     plan_claim_next,
 )
+from . import _holders as fh
 from . import _lock as fl
 from . import _tail as ft
+from ._info import full_record, listing_line
 from ._listing import STRIPES, FileListing, Held, owner_in
 
 __all__ = ["FileStore"]
@@ -155,12 +161,44 @@ class FileStore(FileListing):
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _take(self, run_id: str, lpath: str) -> int:
-        """Take ``<id>.lock`` (retrying 50 ms) or raise RunBusyError naming its holder."""
+    def _take(self, run_id: str, lpath: str, jpath: str) -> int:
+        """Take ``<id>.lock`` (retrying 50 ms) or raise RunBusyError naming its holder.
+
+        A lock file no holder of its inode wrote (deleted and re-created, or replaced) may hide a live
+        holder of the old one: the take then fails too when there is one (DURABILITY 4).
+        """
         fd = fl.take_lock(lpath)
         if fd is None:
             raise busy_error(run_id, owner_in(lpath))
+        error = self._hidden_holder(run_id, fd, jpath, lpath)
+        if error is not None:
+            os.close(fd)
+            raise error
         return fd
+
+    def _hidden_holder(self, run_id: str, fd: int, jpath: str, lpath: str) -> RunBusyError | None:
+        """The RunBusyError for a holder the lock file locked on ``fd`` hides (see ``_holders``), or None."""
+        if fh.trusted(fd) or not os.path.lexists(jpath):
+            return None
+        for other in list(_STORES.values()):  # another store object of this process on this folder
+            held = other._held.get(run_id) if other is not self and other.path == self.path else None
+            if held is not None:
+                return busy_error(run_id, held.owner)
+        return fh.hidden_holder(run_id, fd, jpath, lambda: self.read(run_id), lpath)
+
+    def _keep_lock(self, run_id: str) -> None:
+        """If this object holds the run and its ``<id>.lock`` was deleted or replaced, lock a new one."""
+        if run_id not in self._held:
+            return
+        _, _, lpath = self._paths(run_id)
+        with self._jlock(run_id):
+            held = self._held.get(run_id)
+            if held is None:
+                return
+            new = fh.relock(run_id, held.fd, lpath, _lock_content(held.owner, held.token))
+            if new is not None:
+                os.close(held.fd)  # the old inode's flock: no one else can reach that file any more
+                held.fd = new
 
     @staticmethod
     def _open_run_file(run_id: str, path: str, flags: int) -> int:
@@ -189,7 +227,7 @@ class FileStore(FileListing):
             cached = self._jtails.get(run_id)
             if cached is not None and ft.same(cached, st):
                 return cached
-            with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
+            with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd, _lines_named(jpath):
                 tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, os.fstat(fd), cached)
                 return tail
 
@@ -227,7 +265,9 @@ class FileStore(FileListing):
                 if os.path.lexists(jpath):
                     raise _exists(run_id)
                 token = fl.as_int(fl.read_lock(fd).get("token")) + 1 if owner is not None else None
-                data, info_line = fl.encode_append(entries, info, len(entries), token)
+                lines = [j.encode_entry(e, run_id) for e in entries]
+                info_line = listing_line(entries, lines, info, len(entries), token, None, 0)
+                data = fl.append_bytes(lines, info_line)
                 self._jtails.pop(run_id, None)
                 self._itails.pop(run_id, None)
                 with contextlib.suppress(FileNotFoundError):
@@ -239,18 +279,24 @@ class FileStore(FileListing):
                     raise _exists(run_id) from None
                 linked = True
                 version = entries[0].version if isinstance(entries[0], j.RunStarted) else None
-                parsed = ft.Parsed([], len(data), len(entries), version, info_line, entries)
+                parsed = ft.Parsed(
+                    [], len(data), len(entries), version, info_line, entries, info_line, len(data)
+                )
                 self._jtails[run_id] = ft.JTail.of(st, parsed)
-                if owner is None or token is None:
+                if owner is None or token is None:  # written so that a claim trusts the file (DURABILITY 4)
+                    fl.write_lock(fd, {"token": fl.as_int(fl.read_lock(fd).get("token"))})
                     return None
                 fl.write_lock(fd, _lock_content(owner, token))
+                self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)  # open while held
                 self._held[run_id] = Held(fd, token, owner)
                 kept = True
                 return Lease(run_id, token, owner, None)
-            except BaseException:
+            except BaseException as exc:
                 if not linked:
                     with contextlib.suppress(OSError):
                         os.unlink(ipath)
+                if no_room(exc):
+                    raise _full(run_id, jpath, exc) from exc
                 raise
             finally:
                 if not kept:
@@ -269,6 +315,7 @@ class FileStore(FileListing):
         jpath, _, _ = self._paths(run_id)
         entries = list(entries)
         with self._jlock(run_id):
+            self._keep_lock(run_id)
             held = self._held.get(run_id)
             if held is None or held.token != lease_token:  # the fence: this store object holds the flock
                 if not os.path.lexists(jpath):
@@ -300,14 +347,18 @@ class FileStore(FileListing):
                 f"run {run_id}: an earlier write to its journal failed and could not be undone. Fix: stop this "
                 "process and resume the run from a new one (its first append repairs the file)"
             )
-        tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
+        with _lines_named(self._paths(run_id)[0]):
+            tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
         n = tail.length
         stored = functools.partial(_stored, run_id, fd, tail)
         new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
         if not new:
             return  # a retried append that was stored whole
-        data, info_line = fl.encode_append(new, info, n + len(new), token)
         end = tail.end
+        lines = [j.encode_entry(e, run_id) for e in new]
+        last_full = _last_full(tail)
+        info_line = listing_line(new, lines, info, n + len(new), token, last_full, end - tail.full_end)
+        data = fl.append_bytes(lines, info_line)
         try:
             fl.cut_torn(fd, end, st.st_size)  # a torn append goes (never below a complete one) before writing
             if fp.ACTIVE:
@@ -320,13 +371,19 @@ class FileStore(FileListing):
                 f"run {run_id}: {exc.strerror}. Fix: stop this process and resume the run from a new one (its "
                 "first append repairs the file)"
             ) from exc.__cause__
-        except BaseException:
+        except BaseException as exc:
             self._jtails.pop(run_id, None)
+            if no_room(exc):
+                raise _full(run_id, self._paths(run_id)[0], exc) from exc
             raise
         if fp.ACTIVE and fp.hits("after_append", new):
             fp.die()
         version = new[0].version if isinstance(new[0], j.RunStarted) else tail.version
-        parsed = ft.Parsed([], end + len(data), n + len(new), version, info_line, new)
+        parsed = ft.Parsed(
+            [], end + len(data), n + len(new), version, info_line, new, tail.full_line, tail.full_end
+        )
+        if info_line.startswith(ft.INFO_PREFIX):
+            parsed.full_line, parsed.full_end = info_line, end + len(data)
         self._jtails[run_id] = ft.JTail.of(os.fstat(fd), parsed)
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
@@ -345,7 +402,8 @@ class FileStore(FileListing):
             data = fl.pread_all(fd, st.st_size - base, base)
         first = cached.length if cached is not None else 0
         version = cached.version if cached is not None else None
-        p = ft.parse_forward(run_id, data, base=base, seq=first, version=version, keep=True)
+        with _lines_named(jpath):
+            p = ft.parse_forward(run_id, data, base=base, seq=first, version=version, keep=True)
         if cached is not None and not p.info_line:
             p.info_line, p.last = cached.info_line, cached.last
         with self._jlock(run_id):
@@ -374,8 +432,10 @@ class FileStore(FileListing):
             try:
                 fl.cut_torn(fd, tail.end, tail.size)  # a torn line goes first
                 fl.write_at(fd, line, tail.end)
-            except OSError:
+            except OSError as exc:
                 self._itails.pop(run_id, None)
+                if no_room(exc):
+                    raise _full(run_id, ipath, exc) from exc
                 raise
             after = os.fstat(fd)
             tail.offsets.append(tail.end)
@@ -387,6 +447,7 @@ class FileStore(FileListing):
     def read_inbox(self, run_id: str, after_seq: int = -1) -> list[InboxItem]:
         _, ipath, _ = self._paths(run_id)
         start = max(after_seq + 1, 0)
+        self._keep_lock(run_id)  # the holder polls: a good time to see its lock file is still there
         with self._ilock(run_id), self._locked(run_id, ipath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
             tail = self._inbox_locked(run_id, fd)
             if start >= len(tail.offsets):
@@ -399,6 +460,7 @@ class FileStore(FileListing):
 
     def inbox_length(self, run_id: str) -> int:
         _, ipath, _ = self._paths(run_id)
+        self._keep_lock(run_id)  # before the inbox's lock: the run's lock is always taken first
         with self._ilock(run_id):
             try:
                 st = os.stat(ipath)
@@ -421,13 +483,15 @@ class FileStore(FileListing):
             held = self._held.get(run_id)
             if held is not None:
                 raise busy_error(run_id, held.owner)
-            fd = self._take(run_id, lpath)
+            fd = self._take(run_id, lpath, jpath)
             try:
                 if not os.path.lexists(jpath):  # deleted meanwhile: leave no lock file behind
                     os.unlink(lpath)
                     raise RunNotFoundError(run_id)
                 token = max(fl.as_int(fl.read_lock(fd).get("token")), self._journal_token(run_id, jpath)) + 1
                 fl.write_lock(fd, _lock_content(owner, token))
+                if run_id not in self._jfds:  # open while held: a taker asks /proc who has it open
+                    self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)
             except BaseException:
                 os.close(fd)
                 raise
@@ -437,8 +501,8 @@ class FileStore(FileListing):
     def _journal_token(self, run_id: str, jpath: str) -> int:
         """The token in the journal's last listing line (0 when it cannot be read)."""
         try:
-            line = self._journal_tail(run_id, jpath).info_line
-            return fl.as_int(orjson.loads(line)["info"].get("token")) if line else 0
+            tail = self._journal_tail(run_id, jpath)
+            return fl.as_int(ft.tail_record(tail).get("token")) if tail.info_line else 0
         except (ValueError, KeyError, TypeError, AttributeError):
             return 0
 
@@ -529,6 +593,29 @@ def _stored(run_id: str, fd: int, tail: ft.JTail, first: int, end: int) -> list[
         data = fl.pread_all(fd, tail.end, 0)
         found = ft.parse_forward(run_id, data, base=0, seq=0, version=None, keep=True).entries[first:end]
     return [stored_entry(entry) for entry in found]
+
+
+def _last_full(tail: ft.JTail) -> dict[str, Any] | None:
+    """The record of the journal's last full listing line, or None (then the next line is a full one)."""
+    try:
+        return full_record(tail.full_line) if tail.full_line else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+@contextlib.contextmanager
+def _lines_named(jpath: str) -> Iterator[None]:
+    """A CorruptJournalError about one line names that line of ``jpath`` (``ft.named``)."""
+    try:
+        yield
+    except CorruptJournalError as exc:
+        raise ft.named(exc, jpath) from None
+
+
+def _full(run_id: str, path: str, exc: BaseException) -> StoreFullError:
+    """The StoreFullError of a write to ``path`` that failed with ``ENOSPC`` or ``EDQUOT`` (``exc``)."""
+    assert isinstance(exc, OSError)
+    return full_error(run_id, path, exc.strerror or str(exc), exc.errno or errno.ENOSPC)
 
 
 def _exists(run_id: str) -> ValueError:

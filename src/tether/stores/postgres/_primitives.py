@@ -85,7 +85,7 @@ async def _notify(cx: Cx, root_id: str) -> None:
 
 async def _insert(cx: Cx, t: Tables, run_id: str, entries: Sequence[j.Entry]) -> None:
     await cx.many(f"INSERT INTO {t.entries} (run_id, seq, body) VALUES (%s, %s, %s)",
-                  [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries])  # fmt: skip
+                  [(run_id, entry.seq, j.encode_entry(entry, run_id)) for entry in entries])  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ async def _fenced_write(cx: Cx, t: Tables, run_id: str, at: int, new: Sequence[j
     found = await cx.one(
         _append_sql(t),
         (*listing, at + len(new), consumed, run_id, at, lease_token,
-         [entry.seq for entry in new], [j.encode_entry(entry) for entry in new]),
+         [entry.seq for entry in new], [j.encode_entry(entry, run_id) for entry in new]),
     )  # fmt: skip
     return None if found is None else int(found[0])
 
@@ -211,12 +211,10 @@ async def read(cx: Cx, t: Tables, run_id: str, after_seq: int) -> builtins.list[
                        "seq > %s) ORDER BY seq", after_seq)  # fmt: skip
     if after_seq < 0:
         return j.decode_journal(run_id, (bytes(body) for _, body in found))
-    version = (
-        orjson.loads(found[0][1]).get("version", j.FORMAT_VERSION) if found and found[0][0] == 0 else None
-    )
+    version = orjson.loads(found[0][1]).get("version") if found and found[0][0] == 0 else None
     out: builtins.list[j.Entry] = []
     for expected, (_, body) in enumerate((r for r in found if r[0] > after_seq), start=after_seq + 1):
-        entry = j.decode_entry(bytes(body), run_id, journal_version=version or j.FORMAT_VERSION)
+        entry = j.decode_entry(bytes(body), run_id, journal_version=version)
         if entry.seq != expected:
             raise CorruptJournalError(run_id, entry.seq, f"expected seq {expected} here")
         out.append(entry)

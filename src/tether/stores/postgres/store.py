@@ -32,6 +32,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -50,6 +51,7 @@ from ..base import Lease, Owner, RunInfo, Store, run_sync
 from . import _primitives as p
 from . import _schema
 from ._conn import AsyncCx, Cx, SyncCx
+from ._connect import first_connect
 from ._sql import (
     CHANNEL,
     HAS_METADATA,
@@ -86,7 +88,7 @@ class PostgresStore(Store):
             (``public``, where a tether before schemas kept them) are an error naming the fix.
         ttl: the default lease length in seconds, judged by the server's clock (a holder renews every ttl/4).
         pool_min, pool_max: each connection pool's size (one sync pool per process, one async pool per
-            event loop that awaits the store).
+            event loop that awaits the store; an async pool connects on demand, up to ``pool_max``).
         connect_timeout: seconds to wait for a new connection.
         migrate: create or upgrade the schema on first use; False only checks it (``tether db migrate``).
         pool_timeout: seconds to wait for a free connection of the pool.
@@ -107,6 +109,7 @@ class PostgresStore(Store):
                  pool_max: int = 10, connect_timeout: float = 5, migrate: bool = True, pool_timeout: float = 30.0,
                  retry_timeout: float = 30.0) -> None:  # fmt: skip
         super().__init__()
+        self.io_threads.limit = max(self.io_threads.limit or 1, pool_max)  # every pooled connection in use
         if not 0 <= pool_min <= pool_max or pool_max < 1:
             raise ValueError(f"pool_min={pool_min}, pool_max={pool_max}. Fix: 0 <= pool_min <= pool_max >= 1")
         dsn, self.schema, named = split_schema(dsn, schema)
@@ -124,9 +127,7 @@ class PostgresStore(Store):
         self._conninfo = make_conninfo("", **params)
         self._lock, self._listen_lock = threading.Lock(), threading.Lock()
         self._pools: dict[int, ConnectionPool[Any]] = {}  # per process: a forked child makes its own
-        self._apools: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[int, AsyncConnectionPool[Any]]
-        ] = weakref.WeakKeyDictionary()  # per event loop (an async connection belongs to the loop it was made on) and process (fork)
+        self._apools: dict[asyncio.AbstractEventLoop, _LoopPool] = {}  # an async connection is its loop's
         self._ready_pid, self._closed = 0, False
         self._listener: tuple[int, Conn] | None = None
 
@@ -140,6 +141,7 @@ class PostgresStore(Store):
         with self._lock:
             self._check_open()
             if pid not in self._pools:  # a parent's pool is left alone: psycopg never closes it from here
+                first_connect(self._conninfo, self.identity)  # one clear error, not the pool's retries
                 self._pools[pid] = ConnectionPool(
                     self._conninfo, min_size=self.pool_min, max_size=self.pool_max, open=True,
                     kwargs={"autocommit": True}, timeout=self.pool_timeout, name=f"tether-{pid}",
@@ -148,20 +150,35 @@ class PostgresStore(Store):
 
     async def _apool(self) -> AsyncConnectionPool[Any]:
         loop = asyncio.get_running_loop()
-        pid, pool = self._apools.get(loop, (0, None))
-        if pool is not None and pid == os.getpid() and not pool.closed and not self._closed:
-            return pool
+        mine = self._apools.get(loop)
+        if mine is not None and mine.pid == os.getpid() and not mine.pool.closed and not self._closed:
+            return mine.pool
         with self._lock:
             self._check_open()
-            pid, pool = self._apools.get(loop, (0, None))
-            if pool is None or pid != os.getpid():  # a parent's pool is left alone, as in ``_pool``
-                pool = AsyncConnectionPool(
-                    self._conninfo, min_size=self.pool_min, max_size=self.pool_max, open=False,
+            self._drop_dead_pools()
+            mine = self._apools.get(loop)
+            if mine is None or mine.pid != os.getpid():  # a parent's pool is left alone, as in ``_pool``
+                made: weakref.WeakSet[Any] = weakref.WeakSet()
+
+                async def configure(conn: Any) -> None:
+                    made.add(conn)
+
+                pool = AsyncConnectionPool(  # min_size 0: no background connect left running when a loop ends
+                    self._conninfo, min_size=0, max_size=self.pool_max, open=False, configure=configure,
                     kwargs={"autocommit": True}, timeout=self.pool_timeout, name=f"tether-async-{os.getpid()}",
                 )  # fmt: skip
-                self._apools[loop] = (os.getpid(), pool)
-        await pool.open()  # the first caller opens it; others wait for it here
-        return pool
+                mine = self._apools[loop] = _LoopPool(os.getpid(), pool, made)
+        await mine.pool.open()  # the first caller opens it; others wait for it here
+        return mine.pool
+
+    def _drop_dead_pools(self) -> None:
+        """Close the connections of the async pools whose event loop has closed (``asyncio.run`` ended), under
+        ``_lock``: no loop is left to close them, and each would hold its connections until exit."""
+        for loop in [loop for loop in self._apools if loop.is_closed()]:
+            mine = self._apools.pop(loop)
+            for conn in builtins.list(mine.made) if mine.pid == os.getpid() else ():
+                with contextlib.suppress(Exception):
+                    conn.pgconn.finish()  # the socket closes at once; no loop is needed
 
     def _check_open(self) -> None:
         if self._closed:
@@ -234,6 +251,7 @@ class PostgresStore(Store):
         with self._lock:
             self._closed = True
             pool = self._pools.pop(os.getpid(), None)
+            self._drop_dead_pools()
         if pool is not None:
             pool.close()
         if self._listen_lock.acquire(timeout=0.1):  # else a waiter holds it: it closes the connection itself
@@ -249,9 +267,9 @@ class PostgresStore(Store):
     async def aclose(self) -> None:
         """Close this event loop's async pool, then everything ``close`` closes."""
         with self._lock:
-            pid, pool = self._apools.pop(asyncio.get_running_loop(), (0, None))
-        if pool is not None and pid == os.getpid():
-            await pool.close()
+            mine = self._apools.pop(asyncio.get_running_loop(), None)
+        if mine is not None and mine.pid == os.getpid():
+            await mine.pool.close()
         await self.run_io(self.close)
 
     # --- The primitives: one attempt each (``_primitives``), run by either face
@@ -509,6 +527,15 @@ class PostgresStore(Store):
         return await self._arun(self._list(status=status, agent=agent, parent_id=parent_id, root_id=root_id,
                                            updated_before=updated_before, updated_after=updated_after,
                                            limit=limit, cursor=cursor, metadata=metadata))  # fmt: skip
+
+
+@dataclass(slots=True)
+class _LoopPool:
+    """One event loop's async pool (made in process ``pid``) and every connection it made."""
+
+    pid: int
+    pool: AsyncConnectionPool[Any]
+    made: weakref.WeakSet[Any]
 
 
 def _after_append(written: builtins.list[j.Entry], inbox_len: int) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 __all__ = [
     "FREE",
     "HELD",
+    "INSERT_ENTRY",
     "INSERT_METADATA",
     "LISTED",
     "METADATA_PAIR",
@@ -78,3 +79,5 @@ INSERT_METADATA = "INSERT INTO run_metadata (run_id, key, value) VALUES (?, ?, ?
 """One metadata pair of a new run (parameters: run id, key, value); metadata never changes after create."""
 METADATA_PAIR = "id IN (SELECT run_id FROM run_metadata WHERE key = ? AND value = ?)"
 """A listing filter: the run's metadata holds this pair (parameters: key, value)."""
+
+INSERT_ENTRY = "INSERT INTO entries (run_id, seq, body) VALUES (?, ?, ?)"

@@ -11,7 +11,7 @@ Four tables (schema version in ``PRAGMA user_version``, migrations applied in or
 - ``run_metadata``: ``(run_id, key, value)``, each metadata pair of a run, written at create, indexed by pair.
 
 Connections use WAL, ``synchronous=FULL``, a busy timeout and ``isolation_level=None``; every write is
-``BEGIN IMMEDIATE … COMMIT``, so posts, appends, claims and releases on one run serialize on the database's
+``BEGIN IMMEDIATE … COMMIT`` (``_txn``: waiting out another process's write up to ``lock_timeout``), so posts, appends, claims and releases on one run serialize on the database's
 write lock and each is all or nothing. Numbers (``seq``, ``inbox_seq``, the fencing token) come from
 counters on the run's row, never from AUTOINCREMENT. The fence of an append is the ``UPDATE`` of that row
 (token, length and an unexpired lease in its ``WHERE``), in the transaction that inserts the entries. One
@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ from ..base import (
 )
 from ._schema import FREE as _FREE
 from ._schema import HELD as _HELD
+from ._schema import INSERT_ENTRY as _INSERT_ENTRY
 from ._schema import INSERT_METADATA as _INSERT_METADATA
 from ._schema import LISTED as _LISTED
 from ._schema import METADATA_PAIR as _METADATA_PAIR
@@ -70,14 +71,13 @@ from ._schema import MIGRATIONS as _MIGRATIONS
 from ._schema import NEXT as _NEXT
 from ._schema import SCHEMA_VERSION
 from ._schema import WORK as _WORK
+from ._txn import Connection as _Connection
+from ._txn import connect as _connect
+from ._writers import IO_THREADS, Writers
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 log = logging.getLogger(__name__)
-
-
-class _Connection(sqlite3.Connection):
-    """A connection that can be weakly referenced: one of a finished thread goes with the thread."""
 
 
 _HELD_HERE = (
@@ -124,31 +124,50 @@ class SQLiteStore(Store):
     Args:
         path: the database file (created 0600, with its folder 0700, when missing).
         ttl: the default lease length in seconds (a holder renews every ttl/4).
-        busy_timeout_ms: how long a write waits for another writer's transaction.
+        busy_timeout_ms: how long one try of a write waits for another writer's transaction.
+        lock_timeout: how long in all a write (creating a run, an append, a claim, ...) waits for another
+            process's write transaction before it raises StoreLockedError.
 
     Raises:
-        TetherError: the file was written by a newer tether (a newer schema).
+        TetherError: the file cannot be created or used, or was written by a newer tether (a newer schema).
     """
 
     ttl: float | None = 30.0
 
     def __init__(
-        self, path: str | os.PathLike[str], *, ttl: float = 30.0, busy_timeout_ms: int = 5000
+        self,
+        path: str | os.PathLike[str],
+        *,
+        ttl: float = 30.0,
+        busy_timeout_ms: int = 5000,
+        lock_timeout: float = 30.0,
     ) -> None:
         super().__init__()
+        self.io_threads.limit = IO_THREADS  # appends waiting at once share a commit (``_writers``)
         self.ttl = ttl
         self.busy_timeout_ms = int(busy_timeout_ms)
+        self.lock_timeout = float(lock_timeout)
         target = Path(path).expanduser().absolute()
-        if not target.parent.exists():
-            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(target.parent, 0o700)
-        self.path = target.resolve()
-        created = not self.path.exists()
-        if created:
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        self.path = target
+        try:
+            if not target.parent.exists():
+                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(target.parent, 0o700)
+            self.path = target.resolve()
+            created = not self.path.exists()
+            if created:
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError as exc:
+            raise TetherError(
+                f"cannot create the SQLite file {self.path} ({exc.strerror or exc}). Fix: pick a path in a "
+                "folder you can write, e.g. sqlite:///runs.db (./runs.db) or sqlite:////abs/path/runs.db"
+            ) from exc
         self._local = threading.local()
         self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._conns_lock = threading.Lock()
+        self._writers = Writers(
+            self._conn, self.path, self.lock_timeout
+        )  # this process's writes, one at a time
         try:
             self._migrate(self._conn())
         except sqlite3.DatabaseError as exc:  # not a database, a folder, no permission, locked too long
@@ -168,33 +187,15 @@ class SQLiteStore(Store):
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
             return conn
-        conn = sqlite3.connect(
-            self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None, factory=_Connection
-        )
-        conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
-        mode = _one(conn, "PRAGMA journal_mode = WAL")[0]  # kept in the file; waits out other writers
-        if str(mode).lower() != "wal":
-            raise TetherError(f"{self.path} cannot use WAL (mode {mode}). Fix: put it on a local disk")
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA foreign_keys = ON")
+        conn = _connect(self.path, self.busy_timeout_ms)
         self._local.conn, self._local.pid = conn, os.getpid()
         with self._conns_lock:
             self._conns.add(conn)
         return conn
 
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: ``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any error."""
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
+    def _write(self, run_id: str | None = None) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One write transaction (for ``run_id``, named in its errors): see ``Writers.transaction``."""
+        return self._writers.transaction(run_id)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         """Bring the schema to ``SCHEMA_VERSION``, or refuse a newer one."""
@@ -250,7 +251,7 @@ class SQLiteStore(Store):
         check_batch(run_id, entries, 0)
         owner_json, expires, lease = self._lease(run_id, 1, owner, ttl) if owner else (None, None, None)
         try:
-            with self._write() as conn:
+            with self._write(run_id) as conn:
                 conn.execute(
                     "INSERT INTO runs (id, agent, status, turn, first_message, created_at, updated_at, "
                     "parent_id, root_id, info, length, inbox_consumed, lease_owner, lease_token, "
@@ -279,8 +280,7 @@ class SQLiteStore(Store):
     @staticmethod
     def _insert(conn: sqlite3.Connection, run_id: str, entries: Iterable[j.Entry]) -> None:
         conn.executemany(
-            "INSERT INTO entries (run_id, seq, body) VALUES (?, ?, ?)",
-            [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries],
+            _INSERT_ENTRY, [(run_id, entry.seq, j.encode_entry(entry, run_id)) for entry in entries]
         )
 
     def append(
@@ -293,32 +293,48 @@ class SQLiteStore(Store):
         lease_token: int | None,
         info: dict[str, Any],
     ) -> None:
-        with self._write() as conn:
-            now = time.time()
-            n, token, owner, expires = self._row(conn, run_id, _HELD)
-            if lease_token != token or not _live(owner, expires, now):
-                raise lease_lost_error(run_id, lease_token, token)
-            stored = functools.partial(_stored, conn, run_id)
-            new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
-            if not new:
-                return
-            if fp.ACTIVE and fp.hits("before_append", new):
-                fp.die()
-            cur = conn.execute(
-                "UPDATE runs SET agent = ?, status = ?, turn = ?, first_message = ?, created_at = ?, "
-                "updated_at = ?, parent_id = ?, root_id = ?, info = ?, length = ?, inbox_consumed = ? "
-                "WHERE id = ? AND length = ? AND lease_token = ? AND lease_owner IS NOT NULL "
-                "AND (lease_expires_at IS NULL OR lease_expires_at > ?)",
-                (*self._listing(info), n + len(new), int(info.get("inbox_consumed", -1)),
-                 run_id, n, lease_token, now),
-            )  # fmt: skip
-            if cur.rowcount != 1:  # cannot happen under the write lock; the fence is here all the same
-                raise lease_lost_error(run_id, lease_token, token)
-            self._insert(conn, run_id, new)
-            if fp.ACTIVE and fp.hits("torn_append", new):
-                fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
-        if fp.ACTIVE and fp.hits("after_append", new):
+        rows = [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries]  # before the write lock
+        listing = (*self._listing(info), int(info.get("inbox_consumed", -1)))
+        new = self._writers.together(
+            functools.partial(self._append, run_id, entries, rows, expected_seq, lease_token, listing), run_id
+        )  # committed with the appends of other runs that wait meanwhile (one sync for all)
+        if fp.ACTIVE and new and fp.hits("after_append", new):
             fp.die()
+
+    def _append(
+        self,
+        run_id: str,
+        entries: Sequence[j.Entry],
+        rows: list[tuple[str, int, bytes]],
+        expected_seq: int,
+        lease_token: int | None,
+        listing: tuple[Any, ...],
+        conn: sqlite3.Connection,
+    ) -> list[j.Entry]:
+        """One append's writes in ``conn``'s transaction (``rows`` and ``listing`` made before it); returns the new."""
+        now = time.time()
+        n, token, owner, expires = self._row(conn, run_id, _HELD)
+        if lease_token != token or not _live(owner, expires, now):
+            raise lease_lost_error(run_id, lease_token, token)
+        stored = functools.partial(_stored, conn, run_id)
+        new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
+        if not new:
+            return new
+        if fp.ACTIVE and fp.hits("before_append", new):
+            fp.die()
+        cur = conn.execute(
+            "UPDATE runs SET agent = ?, status = ?, turn = ?, first_message = ?, created_at = ?, "
+            "updated_at = ?, parent_id = ?, root_id = ?, info = ?, length = ?, inbox_consumed = ? "
+            "WHERE id = ? AND length = ? AND lease_token = ? AND lease_owner IS NOT NULL "
+            "AND (lease_expires_at IS NULL OR lease_expires_at > ?)",
+            (*listing[:-1], n + len(new), listing[-1], run_id, n, lease_token, now),
+        )  # fmt: skip
+        if cur.rowcount != 1:  # cannot happen under the write lock; the fence is here all the same
+            raise lease_lost_error(run_id, lease_token, token)
+        conn.executemany(_INSERT_ENTRY, rows[len(entries) - len(new) :])
+        if fp.ACTIVE and fp.hits("torn_append", new):
+            fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
+        return new
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         after_seq = max(after_seq, -1)
@@ -335,7 +351,7 @@ class SQLiteStore(Store):
         if after_seq < 0:
             return j.decode_journal(run_id, (body for _, body in rows))
         first = orjson.loads(rows[0][1]) if rows[0][0] == 0 else {}  # run_started: the journal's version
-        version = first.get("version", j.FORMAT_VERSION)
+        version = first.get("version")
         out: list[j.Entry] = []
         for expected, (_, body) in enumerate((r for r in rows if r[0] > after_seq), start=after_seq + 1):
             entry = j.decode_entry(body, run_id, journal_version=version)
@@ -351,7 +367,7 @@ class SQLiteStore(Store):
     def post(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int:
         item_id = item_id or str(item.get("item_id") or uuid.uuid4().hex)
         made = make_item(item, inbox_seq=0, item_id=item_id)  # checks the type before any write
-        with self._write() as conn:
+        with self._write(run_id) as conn:
             found = _one(
                 conn, "SELECT inbox_seq FROM inbox WHERE run_id = ? AND item_id = ?", (run_id, item_id)
             )
@@ -416,7 +432,8 @@ class SQLiteStore(Store):
             return None
         now = time.time()
         only, named = ("", []) if names is None else (f" AND agent IN ({', '.join('?' * len(names))})", names)
-        with self._write() as conn:
+
+        def take(conn: sqlite3.Connection) -> Lease | None:
             row = _one(conn, _NEXT + only + " ORDER BY updated_at, id LIMIT 1", [now, now, *named])
             if row is not None:
                 return self._take(conn, row[0], owner, ttl)
@@ -428,9 +445,12 @@ class SQLiteStore(Store):
                     return self._take(conn, run_id, owner, ttl)
             return None
 
+        return self._writers.together(take)  # committed with other writes waiting meanwhile
+
     def renew(self, lease: Lease) -> Lease:
         _, expires, renewed = self._lease(lease.run_id, lease.token, lease.owner, lease.ttl)
-        with self._write() as conn:
+
+        def extend(conn: sqlite3.Connection) -> None:
             cur = conn.execute(
                 "UPDATE runs SET lease_expires_at = ? "
                 "WHERE id = ? AND lease_token = ? AND lease_owner IS NOT NULL",
@@ -438,10 +458,12 @@ class SQLiteStore(Store):
             )
             if cur.rowcount != 1:
                 raise lease_lost_error(lease.run_id, lease.token)
+
+        self._writers.together(extend, lease.run_id)
         return renewed
 
     def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
-        with self._write() as conn:
+        def let_go(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL "
                 "WHERE id = ? AND lease_token = ? AND length = ? AND inbox_len = ?",
@@ -451,6 +473,8 @@ class SQLiteStore(Store):
                 return True
             (token,) = self._row(conn, lease.run_id, "lease_token")
             return bool(token != lease.token)  # taken over: nothing of ours to release
+
+        return self._writers.together(let_go, lease.run_id)  # committed with other writes waiting meanwhile
 
     def abandon(self, lease: Lease) -> None:
         try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import statistics
 import sys
 import time
@@ -137,16 +138,18 @@ def appends(dsn: str, schema: str, count: int, chunk: int) -> tuple[float, float
     text = "x" * max(1, chunk // 2 - 150)
     totals = [0.0, 0.0, 0.0, 0.0]
 
-    def batch(seq: int, writer: str) -> list[j.Entry]:
+    by_run = "run_id" in inspect.signature(j.seal).parameters  # format 3 seals with the run's id
+
+    def batch(run_id: str, seq: int, writer: str) -> list[j.Entry]:
         n = 2 if seq % 3 == 2 else 1
         at = j.now_iso()
         made = [
             j.MessageAdded(seq=seq + i, at=at, content=[{"type": "text", "text": text}]) for i in range(n)
         ]
-        return j.seal(made, writer)
+        return j.seal(made, writer, **({"run_id": run_id} if by_run else {}))
 
     def one(run_id: str, seq: int, writer: str, token: int) -> tuple[list[j.Entry], dict[str, Any]]:
-        return batch(seq, writer), {"expected_seq": seq, "writer": writer, "lease_token": token,
+        return batch(run_id, seq, writer), {"expected_seq": seq, "writer": writer, "lease_token": token,
                                     "info": record(run_id)}  # fmt: skip
 
     async def measure() -> None:

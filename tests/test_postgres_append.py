@@ -76,14 +76,16 @@ def test_an_append_is_one_transaction_of_one_statement_and_returns_the_inbox_len
     writer, lease = _make(store, run_id, held=True)
     with _faces(store, run_id) as faces:
         append = faces[face]
-        assert append(_batch(2, 1, writer), lease) == 0  # the connection made, the statement seen once
+        assert (
+            append(_batch(2, 1, writer, run_id=run_id), lease) == 0
+        )  # the connection made, the statement seen once
         store.post(run_id, {"type": "message", "content": "hi"})
         costs: list[Counts] = []
         seq = 3
         for i in range(8):
             before = counter.counts()
             assert (
-                append(_batch(seq, 1 + i % 3, writer), lease) == 1
+                append(_batch(seq, 1 + i % 3, writer, run_id=run_id), lease) == 1
             )  # the post, counted in the same statement
             costs.append(counter.counts() - before)
             seq += 1 + i % 3
@@ -103,7 +105,7 @@ def test_the_slow_path_settles_a_retry_and_refuses_other_writers_and_stale_token
     writer, lease = _make(store, run_id, held=True)
     with _faces(store, run_id) as faces:
         append = faces[face]
-        batch = _batch(2, 2, writer)
+        batch = _batch(2, 2, writer, run_id=run_id)
         assert append(batch, lease) == 0
         store.post(run_id, {"type": "message", "content": "hi"})
         assert (
@@ -112,12 +114,14 @@ def test_the_slow_path_settles_a_retry_and_refuses_other_writers_and_stale_token
         assert [e.seq for e in store.read(run_id)] == [0, 1, 2, 3]
         with pytest.raises(ConflictError):
             append(
-                _batch(2, 1, j.new_writer_id()), lease
+                _batch(2, 1, j.new_writer_id(), run_id=run_id), lease
             )  # another writer's entry where this one's is stored
         stale = dataclasses.replace(lease, token=lease.token - 1)
         with pytest.raises(LeaseLostError):
-            append(_batch(4, 1, writer), stale)  # a superseded token: refused whatever it holds
-        assert append(_batch(4, 1, writer), lease) == 1  # the fast path again
+            append(
+                _batch(4, 1, writer, run_id=run_id), stale
+            )  # a superseded token: refused whatever it holds
+        assert append(_batch(4, 1, writer, run_id=run_id), lease) == 1  # the fast path again
         assert [e.seq for e in store.read(run_id)] == [0, 1, 2, 3, 4]
 
 

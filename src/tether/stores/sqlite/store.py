@@ -293,7 +293,7 @@ class SQLiteStore(Store):
         lease_token: int | None,
         info: dict[str, Any],
     ) -> None:
-        rows = [(run_id, entry.seq, j.encode_entry(entry)) for entry in entries]  # before the write lock
+        rows = [(run_id, entry.seq, j.encode_entry(entry, run_id)) for entry in entries]  # before the lock
         listing = (*self._listing(info), int(info.get("inbox_consumed", -1)))
         new = self._writers.together(
             functools.partial(self._append, run_id, entries, rows, expected_seq, lease_token, listing), run_id

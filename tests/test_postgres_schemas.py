@@ -266,3 +266,32 @@ def test_pools_of_event_loops_that_ended_leave_no_connections(pg: tuple[str, str
             break
         threading.Event().wait(0.01)
     assert ours() == []
+
+
+def test_aclose_loop_closes_that_loops_pool_and_the_store_goes_on(pg: tuple[str, str]) -> None:
+    url, _ = pg
+    app = dict(p.split("=") for p in url.split("?")[1].split("&"))["application_name"]
+    store = PostgresStore(url)
+    assert store.load("r1").status == "running"  # the sync pool only
+
+    def ours() -> int:
+        return len(_sql(url, "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND pid <> "
+                        "pg_backend_pid()", (app,)))  # fmt: skip
+
+    sync_only = ours()
+
+    async def load_then_close() -> str:
+        try:
+            return (await store.aload("r1")).status
+        finally:
+            await store.aclose_loop()  # what an ASGI app's shutdown (and Worker.run) does
+
+    assert asyncio.run(load_then_close()) == "running"
+    for _ in range(500):  # the server drops a backend a moment after its client closes
+        if ours() == sync_only:
+            break
+        threading.Event().wait(0.01)
+    assert ours() == sync_only, "the ended loop's async connections are closed; the sync pool's are kept"
+    assert asyncio.run(load_then_close()) == "running"  # a later loop opens a pool of its own
+    assert store.load("r1").status == "running"
+    store.close()

@@ -128,7 +128,14 @@ class Worker:
             pass
         else:
             raise RuntimeError("Worker.run() was called from a running event loop. Fix: await worker.arun()")
-        asyncio.run(self.arun(install_signal_handlers=install_signal_handlers, stop_when_idle=stop_when_idle))
+        asyncio.run(self._run_then_close(install_signal_handlers, stop_when_idle))
+
+    async def _run_then_close(self, install_signal_handlers: bool, stop_when_idle: bool) -> None:
+        """``arun``, then close what the store holds for this loop, which ends with ``run``."""
+        try:
+            await self.arun(install_signal_handlers=install_signal_handlers, stop_when_idle=stop_when_idle)
+        finally:
+            await self.store.aclose_loop()
 
     async def arun(self, *, install_signal_handlers: bool = False, stop_when_idle: bool = False) -> None:
         """Claim and drive runs until ``stop()``; return once every drive has released its run.

@@ -414,8 +414,12 @@ def _failed(out: Console, exc: BaseException, state: State, store: Store, spec: 
 
 
 async def _drive(agent: Agent, prompt: str | State, run_id: str | None, view: LiveView) -> None:
-    async for event in agent.stream(prompt, id=run_id):
-        view.event(event)
+    try:
+        async for event in agent.stream(prompt, id=run_id):
+            view.event(event)
+    finally:
+        if agent.store is not None:
+            await agent.store.aclose_loop()  # this loop ends with asyncio.run
 
 
 def _live(made: Agent, runs: Store, spec: str, run_id: str, prompt: str | None, given: str | None) -> None:

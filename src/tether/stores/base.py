@@ -615,6 +615,16 @@ class Store(abc.ABC):
         """``close``, awaited (an async-native store closes its async connections too)."""
         await self.run_io(self.close)
 
+    async def aclose_loop(self) -> None:
+        """Close what this store holds for the running event loop (PostgresStore: that loop's async pool).
+
+        Await it before an event loop of your own ends (an ASGI app's shutdown) when the store was used
+        on it: a pool left running when its loop ends can keep ``asyncio.run`` from returning. The store
+        stays usable: its sync face, and other loops (a later call on this loop opens a new pool).
+        ``Worker.run`` does this for the loop it runs (``Agent.run`` keeps one loop per thread, open).
+        """
+        return None  # nothing is per loop here: a store's async face runs on its threads
+
     # fmt: on
     # --------------------------------------------------------------------------------------------
     # Running an operation on either face

@@ -266,11 +266,15 @@ class PostgresStore(Store):
 
     async def aclose(self) -> None:
         """Close this event loop's async pool, then everything ``close`` closes."""
+        await self.aclose_loop()
+        await self.run_io(self.close)
+
+    async def aclose_loop(self) -> None:
+        """Close this event loop's async pool (see ``Store.aclose_loop``)."""
         with self._lock:
             mine = self._apools.pop(asyncio.get_running_loop(), None)
         if mine is not None and mine.pid == os.getpid():
             await mine.pool.close()
-        await self.run_io(self.close)
 
     # --- The primitives: one attempt each (``_primitives``), run by either face
     def _create(self, run_id: str, entries: Sequence[j.Entry], info: dict[str, Any], owner: Owner | None,

@@ -208,7 +208,7 @@ def encode_entry(entry: Entry, run_id: str | None = None) -> bytes:
     """
     line = getattr(entry, "_line", None)
     if line is not None:
-        return line  # type: ignore[no-any-return]
+        return line
     if len(entry.w) != 16 or not entry.h:
         return encode_legacy(entry)
     if run_id is None:
@@ -280,7 +280,7 @@ def _decode3(raw: bytes, run_id: str, journal_version: int | None, expected_seq:
         raise CorruptJournalError(run_id, seq, f"unknown fields {unknown} in a {cls.kind} entry")
     obj["h"] = h
     try:
-        return _BUILD[cls](obj)  # type: ignore[no-any-return]
+        return _BUILD[cls](obj)
     except TypeError as exc:
         raise CorruptJournalError(run_id, seq, f"a {cls.kind} entry cannot be read ({exc})") from None
 
@@ -379,7 +379,7 @@ class LineDecoder:
             obj["idempotency_key"] = idempotency_key_for(self.run_id, obj.get("call_id", ""))
         if not obj.keys() <= FIELD_SETS[cls]:
             return None
-        return _BUILD[cls](obj)  # type: ignore[no-any-return]
+        return _BUILD[cls](obj)
 
 
 _loads = orjson.loads
@@ -396,12 +396,12 @@ def decode_journal(run_id: str, raws: Iterable[bytes | str | dict[str, Any]]) ->
     decode = LineDecoder(run_id)
     for expected, raw in enumerate(raws):
         if raw.__class__ is bytes:
-            entry = decode(raw, version, expected)  # type: ignore[arg-type]
+            entry = decode(raw, version, expected)
         else:
             entry = decode_entry(raw, run_id, journal_version=version, expected_seq=expected)
         if entry.seq != expected:
             raise CorruptJournalError(run_id, entry.seq, f"expected seq {expected} here")
         if entry.__class__ is RunStarted:
-            version = entry.version  # type: ignore[attr-defined]
+            version = entry.version
         entries.append(entry)
     return entries

@@ -173,7 +173,7 @@ def parse_forward(
         if entry.seq != seq:
             raise _corrupt(run_id, entry.seq, f"expected seq {seq} here")
         if entry.__class__ is j.RunStarted:
-            version = entry.version  # type: ignore[attr-defined]
+            version = entry.version
             out.version = version
         pending.append(entry)
         seq += 1

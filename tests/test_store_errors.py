@@ -189,6 +189,15 @@ def test_a_sqlite_path_that_cannot_be_created_names_the_path() -> None:
     assert "sqlite:///runs.db" in text
 
 
+def test_a_store_folder_that_cannot_be_created_names_the_folder() -> None:
+    store = open_store("file:/proc/x/runs")  # opening creates nothing yet: the first write does
+    with pytest.raises(TetherError) as caught:
+        store.save(State(id="r1", messages=[Message.user("hello")]))
+    text = str(caught.value)
+    assert text.startswith("cannot create the store folder /proc/x/runs (No such file or directory). Fix: ")
+    assert "file:./runs" in text
+
+
 # --------------------------------------------------------------------------------------------------
 # A stray JSON line in a FileStore journal
 

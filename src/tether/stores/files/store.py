@@ -46,7 +46,14 @@ from typing import Any
 import orjson
 
 from ... import journal as j
-from ...errors import CorruptJournalError, RunBusyError, RunNotFoundError, StoreBrokenError, StoreFullError
+from ...errors import (
+    CorruptJournalError,
+    RunBusyError,
+    RunNotFoundError,
+    StoreBrokenError,
+    StoreFullError,
+    TetherError,
+)
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
 from .._planner import Stored, plan_append, stored_entry
@@ -128,7 +135,13 @@ class FileStore(FileListing):
         if not self._ready:
             if os.path.exists(self.path) and not os.path.isdir(self.path):
                 raise ValueError(f"store folder {self.path} is a file. Fix: point the store at a folder")
-            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            try:
+                os.makedirs(self.path, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise TetherError(
+                    f"cannot create the store folder {self.path} ({exc.strerror or exc}). Fix: pick a folder "
+                    "you can write, e.g. file:./runs or file:/abs/path/runs"
+                ) from exc
             st = os.stat(self.path)
             if st.st_uid == os.getuid() and st.st_mode & 0o777 != 0o700:
                 os.chmod(self.path, 0o700)

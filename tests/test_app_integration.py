@@ -489,3 +489,31 @@ def test_typed_output_of_a_run_started_by_tether_run_file(tmp_path: Path) -> Non
     assert str(store.load("v2").history[-1].output_type).startswith("_tether_agent_")  # type: ignore[attr-defined]
     resumed = Agent(ScriptedModel([]), name="judge", store=store, output_type=Verdict).resume("v2")
     assert resumed.output == Verdict(ok=False, why="late")
+
+
+def test_asubmit_creates_a_run_a_worker_drives_without_blocking_the_loop(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "runs.db")
+    agent = shop(store, [call("whoami"), "done"])
+    seen: list[str] = []
+
+    async def submit_two() -> list[State]:
+        return [
+            await agent.asubmit("who am I?", id="a1", metadata={"user": "u1"}),
+            await agent.asubmit("who am I?", id="a2", metadata={"user": "u2"}),
+        ]
+
+    submitted = asyncio.run(submit_two())
+    assert [s.id for s in submitted] == ["a1", "a2"]
+    assert {i.id: (i.status, i.metadata) for i in store.list()} == {
+        "a1": ("running", {"user": "u1"}),
+        "a2": ("running", {"user": "u2"}),
+    }
+    assert store.holder("a1") is None and store.holder("a2") is None  # no process drives them yet
+    with pytest.raises(ValueError, match="exists"):
+        asyncio.run(agent.asubmit("again", id="a1"))
+    Worker([agent], store, deps=lambda info: Deps(info.metadata["user"], seen), poll_interval=0.05).run(
+        stop_when_idle=True
+    )
+    assert sorted(seen) == ["whoami u1 {'user': 'u1'}", "whoami u2 {'user': 'u2'}"]
+    assert {store.load(rid).status for rid in ("a1", "a2")} == {"completed"}
+    store.close()

@@ -514,14 +514,35 @@ class Agent(Generic[DepsT]):
         Raises:
             ValueError: no store, the id exists, or bad metadata.
         """
-        from ._run import taking
-
         store = self._require_store("submit")
-        journal = taking.new_run(self, prompt, id, None, metadata=j.validate_metadata(metadata))
+        journal = self._submitted_run(prompt, id, metadata)
         state = journal.state
         store.create(state.id, journal.next_batch(), state.info())
         state.store_identity = store.identity
         return state
+
+    async def asubmit(
+        self, prompt: str | Message, *, id: str | None = None, metadata: dict[str, str] | None = None
+    ) -> State:
+        """``submit`` for async code: the run is created through the store's async face.
+
+        Call it from a request handler: the event loop is not blocked while the store writes.
+
+        Raises:
+            ValueError: no store, the id exists, or bad metadata.
+        """
+        store = self._require_store("asubmit")
+        journal = self._submitted_run(prompt, id, metadata)
+        state = journal.state
+        await store.acreate(state.id, journal.next_batch(), state.info())
+        state.store_identity = store.identity
+        return state
+
+    def _submitted_run(self, prompt: str | Message, run_id: str | None, metadata: dict[str, str] | None) -> JournalWriter:
+        """A submitted run's first entries (a ``JournalWriter``), checked and not written yet."""
+        from ._run import taking
+
+        return taking.new_run(self, prompt, run_id, None, metadata=j.validate_metadata(metadata))
 
     # ----------------------------------------------------------------------------------------------
     # Taking runs

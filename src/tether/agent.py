@@ -538,7 +538,9 @@ class Agent(Generic[DepsT]):
         state.store_identity = store.identity
         return state
 
-    def _submitted_run(self, prompt: str | Message, run_id: str | None, metadata: dict[str, str] | None) -> JournalWriter:
+    def _submitted_run(
+        self, prompt: str | Message, run_id: str | None, metadata: dict[str, str] | None
+    ) -> JournalWriter:
         """A submitted run's first entries (a ``JournalWriter``), checked and not written yet."""
         from ._run import taking
 

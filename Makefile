@@ -30,14 +30,14 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/turns.py
-	$(PY) bench/turns_sqlite.py --turns 100,1000
+	$(PY) bench/turns_sqlite.py --turns 100,1000,10000
 	$(PY) bench/turns_postgres.py --turns 100,1000
 	$(PY) bench/turn_anatomy.py
 	$(PY) bench/concurrency.py
 	$(PY) bench/listing.py
 	$(PY) bench/import_time.py
 	$(PY) bench/tracing.py
-	$(PY) bench/journal_bytes.py
+	$(PY) bench/journal_bytes.py --pg postgresql://root@127.0.0.1:5432/test
 	$(PY) bench/load.py
 
 clean:

@@ -14,6 +14,7 @@ blocks (what any journal must hold).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -113,13 +114,13 @@ def pg_bytes(dsn: str, turns: int) -> dict[str, float]:
 
     from tether.stores.postgres import PostgresStore
 
-    schema = "tether_bench_bytes"
+    schema = f"tether_bench_bytes_{os.getpid()}"
 
     def measure(n: int) -> tuple[int, int]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
             conn.execute(f"CREATE SCHEMA {schema}")
-        store = PostgresStore(f"{dsn}{'&' if '?' in dsn else '?'}options=-csearch_path%3D{schema}")
+        store = PostgresStore(dsn, schema=schema)
         _drive(store, "bench", n)
         store.close()
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -134,11 +135,25 @@ def pg_bytes(dsn: str, turns: int) -> dict[str, float]:
     return {"per_turn": (large[0] - small[0]) / turns, "row_per_turn": (large[1] - small[1]) / turns}
 
 
+def _postgres_answers(dsn: str) -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(dsn, connect_timeout=3).close()
+    except psycopg.OperationalError as exc:
+        print(
+            f"postgres: no server at {dsn} ({str(exc).strip()[:120]}); skipped. Fix: start one, or drop --pg"
+        )
+        return False
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--dir", default=".bench-bytes")
     parser.add_argument("--pg", default=None, help="a PostgreSQL DSN to measure PostgresStore too")
+    # make bench passes --pg; with no server answering there, PostgresStore's row is skipped with a reason
     args = parser.parse_args()
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -151,7 +166,7 @@ def main() -> None:
         print("store       bytes/turn  (of which)")
         print(f"file        {f['per_turn']:10.0f}  listing lines {f['listing_per_turn']:.0f}; budget 800")
         print(f"sqlite      {s['per_turn']:10.0f}  entry bodies; database file {s['file_per_turn']:.0f}")
-        if args.pg:
+        if args.pg and _postgres_answers(args.pg):
             p = pg_bytes(args.pg, args.turns)
             print(
                 f"postgres    {p['per_turn']:10.0f}  entry bodies; rows (pg_column_size) {p['row_per_turn']:.0f}"

@@ -246,14 +246,22 @@ class PostgresStore(Store):
         return version
 
     def close(self) -> None:
-        """Close this process's sync pool and the listening connection (``aclose`` closes the async pool of
-        the loop it is awaited on; pools of other loops close with their connections' loop)."""
+        """Close this process's sync pool, the listening connection, and the async pools of event loops that
+        are not running (``agent.run``'s loop between runs); ``aclose`` closes the pool of the loop it is
+        awaited on, and a pool whose loop runs elsewhere closes with that loop."""
         with self._lock:
             self._closed = True
             pool = self._pools.pop(os.getpid(), None)
             self._drop_dead_pools()
+            idle = [
+                (loop, self._apools.pop(loop))
+                for loop in builtins.list(self._apools)
+                if not loop.is_running()
+            ]
         if pool is not None:
             pool.close()
+        for loop, mine in idle:
+            self._close_idle_pool(loop, mine)
         if self._listen_lock.acquire(timeout=0.1):  # else a waiter holds it: it closes the connection itself
             try:
                 if self._listener is not None and self._listener[0] == os.getpid():
@@ -263,6 +271,19 @@ class PostgresStore(Store):
             finally:
                 self._listen_lock.release()
         super().close()
+
+    @staticmethod
+    def _close_idle_pool(loop: asyncio.AbstractEventLoop, mine: _LoopPool) -> None:
+        """Close an async pool whose loop is not running, on that loop: its worker tasks end and its
+        connections close now, instead of the loop's pending tasks being reported when it is collected."""
+        if mine.pid != os.getpid():
+            return  # a parent's pool is left alone, as in ``_pool``
+        try:
+            loop.run_until_complete(mine.pool.close())
+        except RuntimeError:  # the loop started meanwhile in another thread: finish the sockets only
+            for conn in builtins.list(mine.made):
+                with contextlib.suppress(Exception):
+                    conn.pgconn.finish()
 
     async def aclose(self) -> None:
         """Close this event loop's async pool, then everything ``close`` closes."""

@@ -78,8 +78,10 @@ class Fold:
         self._decided_locally: dict[str, DecisionRecord] = {}  # decisions made on the State, not saved
 
     def _fold_all(self, entries: Sequence[j.Entry]) -> None:
-        """Fold a whole journal into this new fold: ``apply`` on each entry, with what only a live fold
-        needs done once (the history is taken whole, and the times from its ends).
+        """Fold a whole journal into this new (empty) fold, as ``apply`` on each entry would.
+
+        The handlers are ``apply``'s; what only a live fold needs an entry at a time is done once: the
+        history is taken whole, and the times from its two ends.
 
         Raises:
             CorruptJournalError: an entry is out of place or cannot follow.

@@ -336,6 +336,64 @@ def _decode_legacy_obj(
     return decode_legacy(obj, run_id, version, seq)
 
 
+_ENVELOPE_SOURCE = """\
+def build(obj, run_id, {args}):
+    e = new(cls)
+    pop = obj.pop
+    seq = pop("seq")
+    if seq.__class__ is not int:
+        return None
+    s_seq(e, seq)
+    at = pop("at")
+    s_at(e, iso(at) if at.__class__ is int else at)
+    s_v(e, None)
+{fields}
+    return None if obj else e
+"""
+
+
+def _fast_builder(cls: type[Entry]) -> Any:
+    """The usual format-3 line's ``cls`` from its decoded object (``kind`` and the checksum already checked).
+
+    Straight-line code made for the kind from its dataclass fields: each field popped from the object and
+    set in its slot, the time made text again, the default key put back. It returns None for anything
+    unusual (a ``v``, which stays in the object, a field it does not know, a seq that is not an integer),
+    and may raise on a missing field: the caller then decodes the line with ``decode_entry``, which names
+    the exact problem.
+    """
+    names: dict[str, Any] = {
+        "new": object.__new__,
+        "cls": cls,
+        "iso": iso_from_micros,
+        "key": idempotency_key_for,
+    }
+    lines = []
+    for f in dataclasses.fields(cls):
+        name = f.name
+        names[f"s_{name}"] = getattr(cls, name).__set__
+        if name in ("seq", "at", "v"):
+            continue  # set by _ENVELOPE_SOURCE
+        if cls is ToolStarted and name == "idempotency_key":
+            value = f"pop('{name}') if '{name}' in obj else key(run_id, e.call_id)"
+        elif f.default_factory is not dataclasses.MISSING:
+            names[f"d_{name}"] = f.default_factory
+            value = f"pop('{name}') if '{name}' in obj else d_{name}()"
+        elif f.default is dataclasses.MISSING:
+            value = f"pop('{name}')"
+        else:
+            names[f"d_{name}"] = f.default
+            value = f"pop('{name}', d_{name})"
+        lines.append(f"    s_{name}(e, {value})")
+    args = ", ".join(f"{name}={name}" for name in names)
+    scope: dict[str, Any] = {}
+    exec(_ENVELOPE_SOURCE.format(args=args, fields="\n".join(lines)), dict(names), scope)  # nothing read
+    return scope["build"]
+
+
+_FAST: dict[str, Any] = {cls.kind: _fast_builder(cls) for cls in KINDS.values() if cls is not RunStarted}
+"""The usual line's builder of each kind but ``run_started`` (whose version decides how a journal reads)."""
+
+
 class LineDecoder:
     """``decode_entry`` for the lines of one run, fast for the usual format-3 line (a load decodes 30,000).
 
@@ -351,35 +409,23 @@ class LineDecoder:
 
     def __call__(self, raw: bytes, journal_version: int | None, expected_seq: int | None) -> Entry:
         """Decode and check one line (see ``decode_entry``)."""
-        if raw[:6] == _PREFIX and journal_version is not None and journal_version >= FORMAT_VERSION:
+        if journal_version is not None and journal_version >= FORMAT_VERSION and raw[:6] == _PREFIX:
             try:
-                entry = self._usual(raw)
+                obj = _loads(raw)
+                build = _FAST.get(obj.pop("kind", None))
+                hasher = self._hasher.copy()
+                hasher.update(memoryview(raw)[_REST:])
+                if (
+                    build is not None
+                    and raw[_H_END:_REST] == b'",'
+                    and _b64(hasher.digest(), newline=False) == raw[6:_H_END]
+                ):
+                    entry = build(obj, self.run_id)
+                    if entry is not None:
+                        return entry
             except Exception:  # anything unusual: decode_entry raises the exact error
-                entry = None
-            if entry is not None:
-                return entry
+                pass
         return decode_entry(raw, self.run_id, journal_version=journal_version, expected_seq=expected_seq)
-
-    def _usual(self, raw: bytes) -> Entry | None:
-        obj = _loads(raw)
-        if obj.__class__ is not dict or "v" in obj or obj.get("seq").__class__ is not int:
-            return None
-        kind = obj.pop("kind", None)
-        cls = KINDS.get(kind) if kind.__class__ is str else None
-        if cls is None or cls is RunStarted or raw[_H_END:_REST] != b'",':
-            return None
-        hasher = self._hasher.copy()
-        hasher.update(memoryview(raw)[_REST:])
-        if _b64(hasher.digest(), newline=False) != raw[6:_H_END]:
-            return None
-        at = obj.get("at")
-        if at.__class__ is int:
-            obj["at"] = iso_from_micros(at)
-        if cls is ToolStarted and "idempotency_key" not in obj:
-            obj["idempotency_key"] = idempotency_key_for(self.run_id, obj.get("call_id", ""))
-        if not obj.keys() <= FIELD_SETS[cls]:
-            return None
-        return _BUILD[cls](obj)
 
 
 _loads = orjson.loads

@@ -142,20 +142,21 @@ def parse_forward(
     pending: list[j.Entry] = []
     out = Parsed(entries, base, seq, version)
     decode = j.LineDecoder(run_id)
+    run_started = j.RunStarted
     expect: int | None = None  # None: an append begins; -1: its listing line is due; k: the next b
-    pos = 0
+    pos = base  # the file offset of the next line
     for line in data.split(b"\n")[:-1]:
-        at = base + pos  # the line's file offset
+        at = pos  # the line's file offset
         pos += len(line) + 1
         if line.startswith(LISTING):
             if expect != -1:
                 raise _corrupt(run_id, seq, "a listing line is out of place before this entry")
             if keep:
-                entries.extend(pending)
+                entries += pending
             out.last, pending = pending, []
-            out.end, out.length, out.info_line = base + pos, seq, line
+            out.end, out.length, out.info_line = pos, seq, line
             if line.startswith(FULL_PREFIX):
-                out.full_line, out.full_end = line, base + pos
+                out.full_line, out.full_end = line, pos
             expect = None
             continue
         if expect == -1:
@@ -172,7 +173,7 @@ def parse_forward(
             )
         if entry.seq != seq:
             raise _corrupt(run_id, entry.seq, f"expected seq {seq} here")
-        if entry.__class__ is j.RunStarted:
+        if entry.__class__ is run_started:
             version = entry.version
             out.version = version
         pending.append(entry)

@@ -339,6 +339,12 @@ class SQLiteStore(Store):
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         after_seq = max(after_seq, -1)
         conn = self._conn()
+        if after_seq < 0:  # the whole journal (a load): one plain index scan, the bodies only
+            bodies = _all(conn, "SELECT body FROM entries WHERE run_id = ? ORDER BY seq", (run_id,))
+            if not bodies:
+                self._row(conn, run_id, "1")
+                return []
+            return j.decode_journal(run_id, [body for (body,) in bodies])
         rows = _all(
             conn,
             "SELECT seq, body FROM entries WHERE run_id = ? AND seq = 0 UNION ALL "
@@ -348,13 +354,12 @@ class SQLiteStore(Store):
         if not rows:
             self._row(conn, run_id, "1")
             return []
-        if after_seq < 0:
-            return j.decode_journal(run_id, (body for _, body in rows))
         first = orjson.loads(rows[0][1]) if rows[0][0] == 0 else {}  # run_started: the journal's version
         version = first.get("version")
         out: list[j.Entry] = []
+        decode = j.LineDecoder(run_id)
         for expected, (_, body) in enumerate((r for r in rows if r[0] > after_seq), start=after_seq + 1):
-            entry = j.decode_entry(body, run_id, journal_version=version)
+            entry = decode(body, version, expected)
             if entry.seq != expected:
                 raise CorruptJournalError(run_id, entry.seq, f"expected seq {expected} here")
             out.append(entry)

@@ -896,10 +896,11 @@ def test_the_driving_process_holds_exactly_the_entries_a_load_returns(store: Any
     assert state.output == loaded.output == "done" and state.reason is None
 
 
-def test_import_tether_loads_the_driver_only_when_a_run_is_driven() -> None:
+def test_import_tether_loads_the_driver_and_asyncio_only_when_a_run_is_driven() -> None:
     code = (
         "import sys, tether\n"
-        "before = sorted(m for m in ('tether._run.drive', 'tether._run.taking', 'tether.context') if m in sys.modules)\n"
+        "driver = ('asyncio', 'tether._run.drive', 'tether._run.taking', 'tether.context')\n"
+        "before = sorted(m for m in driver if m in sys.modules)\n"
         "import tether.testing\n"
         "agent = tether.Agent(tether.testing.ScriptedModel(['hi']))\n"
         "state = agent.run('go')\n"

@@ -17,7 +17,6 @@ run coroutines (the sync face of a store that implements only async primitives).
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import os
@@ -25,7 +24,10 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio  # each use imports it: ``import tether`` loads no asyncio (DESIGN 13: import time)
 
 __all__ = ["LoopThread", "Threads"]
 
@@ -107,8 +109,10 @@ class Threads:
         Call it on the event loop's thread. A job never submitted leaves its future pending. ``through``:
         the future is not cancelled with its awaiter (see ``run_through``).
         """
+        import asyncio  # here, not at the top: ``import tether`` loads no asyncio (DESIGN 13)
+
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = _Through(loop=loop) if through else loop.create_future()
+        future: asyncio.Future[T] = _through_future(loop) if through else loop.create_future()
 
         def job() -> None:
             try:
@@ -223,6 +227,8 @@ class LoopThread:
         Raises:
             RuntimeError: called from the loop's own thread (it would wait for itself).
         """
+        import asyncio
+
         loop = self._running_loop()
         if threading.current_thread().name == self.name and asyncio._get_running_loop() is loop:
             coro.close()
@@ -235,6 +241,8 @@ class LoopThread:
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None or self._pid != os.getpid() or self._loop.is_closed():
+                import asyncio
+
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=_serve, args=(loop,), name=self.name, daemon=True).start()
                 self._loop, self._pid = loop, os.getpid()
@@ -249,6 +257,8 @@ class LoopThread:
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    import asyncio
+
     asyncio.set_event_loop(loop)
     try:
         loop.run_forever()
@@ -264,11 +274,21 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class _Through(asyncio.Future[Any]):
-    """A future that refuses ``cancel``: a task cancelled while awaiting it is cancelled once it settles."""
+_THROUGH: list[type[asyncio.Future[Any]]] = []  # the class ``_through_future`` makes, once
 
-    def cancel(self, msg: Any = None) -> bool:
-        return False
+
+def _through_future(loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
+    """A future of ``loop`` that refuses ``cancel``: a task cancelled while awaiting it is cancelled once it
+    settles (``Threads.run_through``)."""
+    if not _THROUGH:
+        import asyncio
+
+        class _Through(asyncio.Future[Any]):
+            def cancel(self, msg: Any = None) -> bool:
+                return False
+
+        _THROUGH.append(_Through)
+    return _THROUGH[0](loop=loop)
 
 
 def _settle(future: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:

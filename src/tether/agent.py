@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import hashlib
@@ -477,6 +476,8 @@ class Agent(Generic[DepsT]):
         The arguments are ``arun``'s. A consumer that stops iterating cancels the run as Ctrl+C does (it
         stays resumable).
         """
+        import asyncio
+
         from ._run.drive import Drive
 
         output = output_spec(output_type) if output_type is not None else None

@@ -7,7 +7,6 @@ posted from another process first wins, and the person is told who decided.
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import json
 import os
@@ -89,10 +88,12 @@ class TerminalHuman:
         self._mid_line = False  # a prompt is shown and its line not ended
 
     async def decide(self, question: ApprovalQuestion) -> HumanDecision:
+        from asyncio import CancelledError  # here, not at the top: ``import tether`` loads no asyncio
+
         withdrawn = threading.Event()
         try:
             decision = await _THREADS.run(self._ask, question, withdrawn)
-        except asyncio.CancelledError:  # decided elsewhere: the asking thread stops asking
+        except CancelledError:  # decided elsewhere: the asking thread stops asking
             with self._lock:
                 withdrawn.set()
             raise
@@ -202,7 +203,9 @@ class ScriptedHuman:
     async def decide(self, question: ApprovalQuestion) -> HumanDecision:
         self.questions.append(question)
         if self.delay:
-            await asyncio.sleep(self.delay)
+            from asyncio import sleep
+
+            await sleep(self.delay)
         if isinstance(self.answers, Mapping):
             answer = self.answers.get(question.call_id, self.answers.get(question.tool))
             if answer is None:

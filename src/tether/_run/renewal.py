@@ -6,7 +6,6 @@ thread per process times them all, so driving many runs at once starts no thread
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import logging
@@ -14,11 +13,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._threads import Threads
 from ..errors import LeaseLostError
 from ..stores.base import Lease, Store
+
+if TYPE_CHECKING:
+    import asyncio  # loaded with the first drive, not by ``import tether`` (DESIGN 13: import time)
 
 __all__ = ["ACTIVE_DRIVES", "Renewer", "cancel_all_drives", "sigterm_received"]
 

@@ -16,7 +16,6 @@ during the close raises at once, as a second Ctrl+C does.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import functools
@@ -25,9 +24,12 @@ import threading
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .renewal import cancel_all_drives, sigterm_received
+
+if TYPE_CHECKING:
+    import asyncio  # loaded by the first run, not by ``import tether`` (DESIGN 13: import time)
 
 __all__ = ["handle_sigterm", "run_sync"]
 
@@ -39,6 +41,8 @@ _RUNNERS = threading.local()
 def _runner() -> asyncio.Runner:
     runner: asyncio.Runner | None = getattr(_RUNNERS, "runner", None)
     if runner is None:
+        import asyncio
+
         runner = asyncio.Runner()
         _RUNNERS.runner = runner
     return runner
@@ -51,6 +55,8 @@ def run_sync(coro_fn: Callable[[], Coroutine[Any, Any, T]], name: str) -> T:
         RuntimeError: called from a running event loop.
         SystemExit: with code 143, when SIGTERM (``handle_sigterm``) cancelled the drive.
     """
+    import asyncio
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -88,6 +94,8 @@ class _Main:
 
     async def guard(self, coro: Coroutine[Any, Any, T]) -> T | None:
         """Run ``coro``; keep a ``SystemExit`` or ``KeyboardInterrupt`` it raises (after closing its run)."""
+        import asyncio
+
         self.task, self.loop = asyncio.current_task(), asyncio.get_running_loop()
         try:
             return await coro

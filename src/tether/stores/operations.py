@@ -9,7 +9,6 @@ operation is written once for both faces. This module does not import ``stores.b
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import dataclasses
 import gc
@@ -109,8 +108,10 @@ async def follow(store: Face, run_id: str, after_seq: int, poll_interval: float)
     for entry in state.history[after_seq + 1 :]:
         last = entry.seq
         yield entry
+    from asyncio import sleep  # here, not at the top: ``import tether`` loads no asyncio
+
     while state.status not in j.STOP_STATUSES:
-        await asyncio.sleep(poll_interval)
+        await sleep(poll_interval)
         for entry in await store.read(run_id, last):
             state.apply(entry)
             last = entry.seq

@@ -21,13 +21,14 @@ import binascii
 import dataclasses
 import functools
 import hashlib
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
 
 from ..errors import CorruptJournalError, NewerFormatError
-from .entries import ENVELOPE, FIELD_SETS, FIELDS, KINDS, VALUES, Entry, RunStarted, ToolStarted
+from .entries import ENVELOPE, FIELD_SETS, FIELDS, KINDS, Entry, RunStarted, ToolStarted
 from .legacy import LEGACY_VERSION, decode_legacy, encode_legacy, legacy_checksum, seal_legacy
 from .vocabulary import idempotency_key_for, iso_from_micros, micros_from_iso
 
@@ -41,6 +42,7 @@ __all__ = [
     "encode_entry",
     "line_checksum",
     "seal",
+    "seal_own",
     "short_writer",
 ]
 
@@ -147,8 +149,11 @@ def checksum(obj: dict[str, Any], run_id: str | None = None) -> str:
 # Writing
 
 
-def _body(entry: Entry, run_id: str, w: str, b: int) -> dict[str, Any]:
-    """The format-3 JSON object of ``entry`` without ``h``: what its line holds after ``h``."""
+def _body(entry: Entry, run_id: str, w: str, b: int, nones: list[str] | None = None) -> dict[str, Any]:
+    """The format-3 JSON object of ``entry`` without ``h``: what its line holds after ``h``.
+
+    ``nones``, when given, gets the name of each field left out as None whose default is not None.
+    """
     cls = type(entry)
     micros = micros_from_iso(entry.at)
     out: dict[str, Any] = {
@@ -159,13 +164,29 @@ def _body(entry: Entry, run_id: str, w: str, b: int) -> dict[str, Any]:
     }
     if b:
         out["b"] = b
-    for (name, default), value in zip(DEFAULTS[cls], VALUES[cls](entry)[len(ENVELOPE) :], strict=True):
-        if value is None or (value.__class__ is default.__class__ and value == default):
+    for (name, default), value in zip(DEFAULTS[cls], _FIELD_VALUES[cls](entry), strict=True):
+        if value is None:
+            if nones is not None and default is not None:
+                nones.append(name)
+            continue
+        if value.__class__ is default.__class__ and value == default:
             continue
         out[name] = value
     if cls is ToolStarted and out["idempotency_key"] == idempotency_key_for(run_id, out.get("call_id", "")):
         del out["idempotency_key"]
     return out
+
+
+def _values_after_envelope(cls: type[Entry]) -> Any:
+    """A function giving an entry's values of the fields after the envelope, in ``DEFAULTS`` order."""
+    names = [name for name, _ in DEFAULTS[cls]]
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    get = operator.attrgetter(*names) if names else None
+    return lambda entry: (get(entry),) if get is not None else ()
+
+
+_FIELD_VALUES = {cls: _values_after_envelope(cls) for cls in KINDS.values()}
 
 
 def _line(body: dict[str, Any], run_id: str) -> tuple[bytes, str]:
@@ -196,6 +217,38 @@ def seal(entries: Sequence[Entry], writer: str, *, run_id: str, version: int = F
         object.__setattr__(made, "_line", line)
         sealed.append(made)
     return sealed
+
+
+def seal_own(entries: list[Entry], writer: str, *, run_id: str) -> list[Entry]:
+    """``seal`` in format 3 for entries only their writer holds yet: each is stamped where it is.
+
+    For a ``JournalWriter``'s new entries (already folded into its State): each gets ``w``, ``b``, ``h`` and
+    its line, and becomes what ``seal`` would have returned for it (a field that is None where its
+    default is not takes that default, as a load makes it), without a copy. Returns ``entries``.
+    """
+    w = short_writer(writer)
+    last = len(entries) - 1
+    stamp = object.__setattr__
+    for i, entry in enumerate(entries):
+        nones: list[str] = []
+        b = last - i
+        line, h = _line(_body(entry, run_id, w, b, nones), run_id)
+        stamp(entry, "w", w)
+        stamp(entry, "h", h)
+        stamp(entry, "b", b)
+        if entry.v is not None:
+            stamp(entry, "v", None)
+        for name in nones:
+            if name != "idempotency_key" or not isinstance(entry, ToolStarted):  # seal keeps the entry's key
+                stamp(entry, name, _default_of(type(entry), name))
+        stamp(entry, "_line", line)
+    return entries
+
+
+def _default_of(cls: type[Entry], name: str) -> Any:
+    """A new copy of the dataclass default of field ``name`` of ``cls``."""
+    field = cls.__dataclass_fields__[name]
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
 def encode_entry(entry: Entry, run_id: str | None = None) -> bytes:

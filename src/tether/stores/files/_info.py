@@ -36,6 +36,8 @@ FULL_EVERY = 8192
 tail read of about twice this finds it."""
 
 _USUAL = {"status": "running", "inbox_consumed": -1, "token": None}
+_USUAL_ITEMS = tuple(_USUAL.items())
+_NOT_SHORT = frozenset((*STATIC, "length"))
 
 
 def is_listing(line: bytes) -> bool:
@@ -65,19 +67,28 @@ def listing_line(
         last_full is None
         or since_full >= FULL_EVERY
         or not lines[0].startswith(b'{"h":"')  # a format 1-2 journal: full lines, as its tether wrote them
-        or any(info.get(name) != last_full.get(name) for name in STATIC)
+        or _static_changed(info, last_full)
     ):
         return orjson.dumps({"info": {**info, "length": length, "token": token}})
     short = {"token": token}
     for name, value in info.items():
-        if name not in STATIC and name != "length":
+        if name not in _NOT_SHORT:
             short[name] = value
-    for name, usual in _USUAL.items():
+    for name, usual in _USUAL_ITEMS:
         if short.get(name, usual) == usual:
             short.pop(name, None)
     if short.get("updated_at") == entries[-1].at:
         del short["updated_at"]
     return orjson.dumps({"i": short})
+
+
+def _static_changed(info: dict[str, Any], last_full: dict[str, Any]) -> bool:
+    """Whether a ``STATIC`` field of ``info`` differs from the last full line's."""
+    get, old = info.get, last_full.get
+    for name in STATIC:
+        if get(name) != old(name):
+            return True
+    return False
 
 
 def full_record(line: bytes) -> dict[str, Any]:

@@ -20,7 +20,16 @@ import orjson
 
 from ... import journal as j
 
-__all__ = ["FULL_EVERY", "FULL_PREFIX", "SHORT_PREFIX", "STATIC", "is_listing", "listing_line", "record"]
+__all__ = [
+    "FULL_EVERY",
+    "FULL_PREFIX",
+    "SHORT_PREFIX",
+    "STATIC",
+    "is_listing",
+    "listing_line",
+    "record",
+    "static_of",
+]
 
 FULL_PREFIX = b'{"info"'
 """How a full listing line begins (an entry line begins with ``{"h"`` or ``{"kind"``)."""
@@ -51,29 +60,28 @@ def listing_line(
     info: dict[str, Any],
     length: int,
     token: int | None,
-    last_full: dict[str, Any] | None,
+    last_static: tuple[Any, ...] | None,
     since_full: int,
 ) -> bytes:
     """The listing line ending an append of ``entries`` (encoded as ``lines``).
 
     Args:
-        last_full: the record of the journal's last full line (None: write a full one).
+        last_static: the ``STATIC`` fields of the journal's last full line (``static_of`` its record;
+            None: write a full one).
         since_full: bytes from the end of that line to where this append begins.
 
     Raises:
         TypeError: ``info`` cannot be written as JSON.
     """
     if (
-        last_full is None
+        last_static is None
         or since_full >= FULL_EVERY
         or not lines[0].startswith(b'{"h":"')  # a format 1-2 journal: full lines, as its tether wrote them
-        or _static_changed(info, last_full)
+        or static_of(info) != last_static
     ):
         return orjson.dumps({"info": {**info, "length": length, "token": token}})
     short = {"token": token}
-    for name, value in info.items():
-        if name not in _NOT_SHORT:
-            short[name] = value
+    short.update({name: value for name, value in info.items() if name not in _NOT_SHORT})
     for name, usual in _USUAL_ITEMS:
         if short.get(name, usual) == usual:
             short.pop(name, None)
@@ -82,13 +90,9 @@ def listing_line(
     return orjson.dumps({"i": short})
 
 
-def _static_changed(info: dict[str, Any], last_full: dict[str, Any]) -> bool:
-    """Whether a ``STATIC`` field of ``info`` differs from the last full line's."""
-    get, old = info.get, last_full.get
-    for name in STATIC:
-        if get(name) != old(name):
-            return True
-    return False
+def static_of(record: dict[str, Any]) -> tuple[Any, ...]:
+    """The ``STATIC`` fields of a listing record (or of a writer's info), in ``STATIC`` order."""
+    return tuple(map(record.get, STATIC))
 
 
 def full_record(line: bytes) -> dict[str, Any]:

@@ -67,7 +67,7 @@ from ..base import (
 from . import _holders as fh
 from . import _lock as fl
 from . import _tail as ft
-from ._info import full_record, listing_line
+from ._info import full_record, listing_line, static_of
 from ._listing import STRIPES, FileListing, Held, owner_in
 
 __all__ = ["FileStore"]
@@ -120,7 +120,7 @@ class FileStore(FileListing):
         self._jfds: dict[str, int] = {}
         self._jtails: dict[str, ft.JTail] = {}
         self._itails: dict[str, ft.ITail] = {}
-        self._fulls: dict[str, tuple[bytes, dict[str, Any] | None]] = {}  # see _last_full
+        self._fulls: dict[str, tuple[bytes, tuple[Any, ...] | None]] = {}  # see _last_static
 
     def __repr__(self) -> str:
         return f"FileStore({self.path!r})"
@@ -252,10 +252,11 @@ class FileStore(FileListing):
                 tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, os.fstat(fd), cached)
                 return tail
 
-    def _last_full(self, run_id: str, tail: ft.JTail) -> dict[str, Any] | None:
-        """The record of the journal's last full listing line, or None (then the next line is a full one).
+    def _last_static(self, run_id: str, tail: ft.JTail) -> tuple[Any, ...] | None:
+        """The ``STATIC`` fields of the journal's last full listing line, or None (then the next line is a
+        full one).
 
-        Decoded once per line: the record is kept with the line it came from (the tail carries the same
+        Decoded once per line: they are kept with the line they came from (the tail carries the same
         bytes object from append to append until a full line is written again).
         """
         line = tail.full_line
@@ -263,7 +264,7 @@ class FileStore(FileListing):
         if seen is not None and seen[0] is line:
             return seen[1]
         try:
-            found = full_record(line) if line else None
+            found = static_of(full_record(line)) if line else None
         except (ValueError, KeyError, TypeError):
             found = None
         self._fulls[run_id] = (line, found)
@@ -399,8 +400,8 @@ class FileStore(FileListing):
             return  # a retried append that was stored whole
         end = tail.end
         lines = [j.encode_entry(e, run_id) for e in new]
-        last_full = self._last_full(run_id, tail)
-        info_line = listing_line(new, lines, info, n + len(new), token, last_full, end - tail.full_end)
+        last_static = self._last_static(run_id, tail)
+        info_line = listing_line(new, lines, info, n + len(new), token, last_static, end - tail.full_end)
         data = fl.append_bytes(lines, info_line)
         try:
             fl.cut_torn(fd, end, st.st_size)  # a torn append goes (never below a complete one) before writing

@@ -87,10 +87,12 @@ class JournalWriter:
 
     def batch_saved(self) -> None:
         """The batch from ``next_batch`` is durable."""
-        if self._batch is not None:
-            for entry in self._batch:
-                j.forget_line(entry)  # durable now: the State need not hold its bytes
-            self._saved += len(self._batch)
+        batch = self._batch
+        if batch is not None:
+            forget = j.forget_line
+            for entry in batch:
+                forget(entry)  # durable now: the State need not hold its bytes
+            self._saved += len(batch)
             self._batch = None
 
     def caught_up(self) -> None:

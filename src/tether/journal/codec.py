@@ -57,6 +57,7 @@ _PREFIX = b'{"h":"'
 _H_END = 22  # len(_PREFIX) + 16
 _REST = 24  # after '",'
 _KEEP = object()  # a default no value equals: the field is always written
+_dumps = orjson.dumps
 
 
 def _defaults(cls: type[Entry]) -> tuple[tuple[str, Any], ...]:
@@ -155,23 +156,17 @@ def _body(entry: Entry, run_id: str, w: str, b: int, nones: list[str] | None = N
     ``nones``, when given, gets the name of each field left out as None whose default is not None.
     """
     cls = type(entry)
-    micros = micros_from_iso(entry.at)
-    out: dict[str, Any] = {
-        "kind": cls.kind,
-        "seq": entry.seq,
-        "at": entry.at if micros is None else micros,
-        "w": w,
-    }
+    at = entry.at
+    micros = micros_from_iso(at)
+    out: dict[str, Any] = {"kind": cls.kind, "seq": entry.seq, "at": at if micros is None else micros, "w": w}
     if b:
         out["b"] = b
-    for (name, default), value in zip(DEFAULTS[cls], _FIELD_VALUES[cls](entry), strict=True):
+    for (name, default, default_class), value in zip(_LEFT_OUT[cls], _FIELD_VALUES[cls](entry), strict=True):
         if value is None:
             if nones is not None and default is not None:
                 nones.append(name)
-            continue
-        if value.__class__ is default.__class__ and value == default:
-            continue
-        out[name] = value
+        elif value.__class__ is not default_class or value != default:  # builtins: != is not ==
+            out[name] = value
     if cls is ToolStarted and out["idempotency_key"] == idempotency_key_for(run_id, out.get("call_id", "")):
         del out["idempotency_key"]
     return out
@@ -187,6 +182,10 @@ def _values_after_envelope(cls: type[Entry]) -> Any:
 
 
 _FIELD_VALUES = {cls: _values_after_envelope(cls) for cls in KINDS.values()}
+_LEFT_OUT = {
+    cls: tuple((name, default, default.__class__) for name, default in DEFAULTS[cls])
+    for cls in KINDS.values()
+}  # DEFAULTS with each default's class: a value of that class equal to it is left out
 
 
 def _line(body: dict[str, Any], run_id: str) -> tuple[bytes, str]:
@@ -227,21 +226,25 @@ def seal_own(entries: list[Entry], writer: str, *, run_id: str) -> list[Entry]:
     default is not takes that default, as a load makes it), without a copy. Returns ``entries``.
     """
     w = short_writer(writer)
-    last = len(entries) - 1
+    hasher = _hasher(run_id)  # line_checksum's, made once for the batch
+    b = len(entries)
     stamp = object.__setattr__
-    for i, entry in enumerate(entries):
+    for entry in entries:
+        b -= 1
         nones: list[str] = []
-        b = last - i
-        line, h = _line(_body(entry, run_id, w, b, nones), run_id)
+        rest = memoryview(_dumps(_body(entry, run_id, w, b, nones)))[1:]
+        digest = hasher.copy()
+        digest.update(rest)
+        h = binascii.b2a_base64(digest.digest(), newline=False)
         stamp(entry, "w", w)
-        stamp(entry, "h", h)
+        stamp(entry, "h", h.decode())
         stamp(entry, "b", b)
         if entry.v is not None:
             stamp(entry, "v", None)
         for name in nones:
             if name != "idempotency_key" or not isinstance(entry, ToolStarted):  # seal keeps the entry's key
                 stamp(entry, name, _default_of(type(entry), name))
-        stamp(entry, "_line", line)
+        stamp(entry, "_line", b"".join((_PREFIX, h, b'",', rest)))
     return entries
 
 

@@ -45,8 +45,7 @@ FULL_EVERY = 8192
 tail read of about twice this finds it."""
 
 _USUAL = {"status": "running", "inbox_consumed": -1, "token": None}
-_USUAL_ITEMS = tuple(_USUAL.items())
-_NOT_SHORT = frozenset((*STATIC, "length"))
+_INFO_FIELDS = frozenset((*STATIC, "status", "turn", "updated_at", "inbox_consumed"))  # State.info()'s
 
 
 def is_listing(line: bytes) -> bool:
@@ -80,14 +79,35 @@ def listing_line(
         or static_of(info) != last_static
     ):
         return orjson.dumps({"info": {**info, "length": length, "token": token}})
+    if not info.keys() <= _INFO_FIELDS:  # fields a State's info does not have: each is written
+        return orjson.dumps({"i": _short(info, token, entries[-1].at)})
+    short: dict[str, Any] = {} if token is None else {"token": token}
+    get = info.get
+    status = get("status", "running")
+    if status != "running":
+        short["status"] = status
+    if "turn" in info:
+        short["turn"] = info["turn"]
+    if "updated_at" in info and info["updated_at"] != entries[-1].at:
+        short["updated_at"] = info["updated_at"]
+    consumed = get("inbox_consumed", -1)
+    if consumed != -1:
+        short["inbox_consumed"] = consumed
+    return orjson.dumps({"i": short})
+
+
+def _short(info: dict[str, Any], token: int | None, last_at: str) -> dict[str, Any]:
+    """A short line's fields for any ``info``: each but ``STATIC`` and ``length``, less their usual values."""
     short = {"token": token}
-    short.update({name: value for name, value in info.items() if name not in _NOT_SHORT})
-    for name, usual in _USUAL_ITEMS:
+    for name, value in info.items():
+        if name not in STATIC and name != "length":
+            short[name] = value
+    for name, usual in _USUAL.items():
         if short.get(name, usual) == usual:
             short.pop(name, None)
-    if short.get("updated_at") == entries[-1].at:
+    if short.get("updated_at") == last_at:
         del short["updated_at"]
-    return orjson.dumps({"i": short})
+    return short
 
 
 def static_of(record: dict[str, Any]) -> tuple[Any, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import signal
@@ -31,7 +32,7 @@ from tether.errors import (
 from tether.messages import Message
 from tether.state import State
 from tether.stores.base import Lease, Owner
-from tether.stores.files import FileStore
+from tether.stores.files import FileStore, _info
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -971,3 +972,22 @@ def test_a_deleted_lock_file_lets_no_other_store_object_of_this_process_in_and_t
         other.claim("r1", Owner.here())
     assert holder_store.release(lease, at_seq=len(state.history), inbox_len=0)
     assert other.claim("r1", Owner.here()).token == lease.token + 1  # released: free as before
+
+
+def test_a_short_listing_line_holds_what_the_general_rule_keeps() -> None:
+    """The short line's fast path (a State's info) writes what the rule for any info writes."""
+    at = j.now_iso()
+    last = [j.MessageAdded(seq=1, at=at)]
+    static = {"agent": "a", "created_at": at, "first_message": "m", "parent_id": None, "root_id": "r"}
+    values = {
+        "status": [None, "running", "waiting"],
+        "turn": [None, 0, 3],
+        "updated_at": [None, at, "2026-01-01T00:00:00.000000Z"],
+        "inbox_consumed": [None, -1, 4],
+    }
+    missing = object()
+    for combo in itertools.product(*([missing, *v] for v in values.values()), [None, 0, 2]):
+        *fields, token = combo
+        info = {**static, **{k: v for k, v in zip(values, fields, strict=True) if v is not missing}}
+        line = _info.listing_line(last, [b'{"h":"x"}'], info, 2, token, _info.static_of(info), 0)
+        assert orjson.loads(line) == {"i": _info._short(info, token, at)}, (info, token)

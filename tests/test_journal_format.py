@@ -215,3 +215,45 @@ def test_an_odd_line_with_a_valid_checksum_is_corruption_not_a_crash(
     obj["h"] = j.checksum(obj, "r")
     with pytest.raises(CorruptJournalError, match=rf"run r seq \d+ is damaged: .*{problem}"):
         j.decode_journal("r", [j.encode_entry(started), orjson.dumps(obj)])
+
+
+def _odd_entries(at: str) -> list[j.Entry]:
+    """Entries of every kind, some with None where the default is not None, a ``v``, an odd time."""
+    out: list[j.Entry] = []
+    for i, cls in enumerate(j.KINDS.values()):
+        names = [n for n, _ in j.DEFAULTS[cls]]
+        nones = {n: None for n in names[::2] if n != "version"}  # None where a default may be other
+        out.append(
+            cls(seq=i, at=at if i % 3 else "2026-01-01 not a time", v=4 if i % 4 == 1 else None, **nones)
+        )
+    out.append(
+        j.ToolStarted(
+            seq=len(out), at=at, call_id="c1_0", tool="t", idempotency_key="tether:r1:c1_0", attempt=1
+        )
+    )
+    out.append(j.ModelReplied(seq=len(out), at=at, content=[{"type": "text", "text": "hi"}], usage={"in": 1}))
+    return out
+
+
+def test_sealing_a_writers_own_entries_in_place_makes_what_seal_makes() -> None:
+    at = j.now_iso()
+    copies = j.seal(_odd_entries(at), "w" * 32, run_id="r1")
+    own = _odd_entries(at)
+    assert j.seal_own(own, "w" * 32, run_id="r1") is own
+    assert own == copies  # every field, w, h and b included
+    assert [j.encode_entry(e) for e in own] == [j.encode_entry(e) for e in copies]
+    decoded = [j.decode_entry(j.encode_entry(e), "r1") for e in own[1:]]  # run_started: its own journal
+    assert [e.h for e in decoded] == [e.h for e in own[1:]]
+
+
+def test_a_writer_seals_the_entries_its_state_holds_and_a_retry_resends_the_same_bytes() -> None:
+    writer = JournalWriter(State(id="r1"))
+    made = writer.add(j.RunStarted, agent="a")
+    message = writer.add(j.MessageAdded, role="user", content=[{"type": "text", "text": "go"}])
+    batch = writer.next_batch()
+    assert batch[0] is made and batch[1] is message and writer.state.history == batch
+    assert [e.b for e in batch] == [1, 0] and all(e.h and e.w for e in batch)
+    lines = [j.encode_entry(e) for e in batch]
+    assert writer.next_batch() is batch and [j.encode_entry(e) for e in batch] == lines  # byte-identical
+    loaded = State.replay("r1", [j.decode_entry(line, "r1") for line in lines])
+    assert loaded.history == writer.state.history

@@ -67,6 +67,8 @@ def decide(
     apply. A condition that raises asks (failing closed), with the error as the reason. Each condition is
     called at most once, only when no deny rule matches.
     """
+    if not rules and tool.approval is False:  # no rule, and no approval of its own: the default
+        return default, "" if default != "deny" else f"tool {tool.name} is not allowed by default"
     matched = [rule for rule in rules if rule.matches(tool)]
     denial = next((rule for rule in matched if rule.decision == "deny"), None)
     if denial is not None:

@@ -4,8 +4,9 @@ A ``State`` is the fold of a journal and nothing else. Whoever writes to a run (
 taker such as ``store.save``, a fork) makes its entries through a ``JournalWriter``: each new entry is folded
 into the State the moment it is made, so the writer can plan its next step from the State; the entries not
 yet durable wait here until an append takes them. ``next_batch`` seals them (writer id, countdown ``b``,
-checksum ``h``, DURABILITY 3) and hands the State the sealed copies, so the fold holds exactly the entries a
-later ``store.load`` returns; a retried append resends that batch byte-identical.
+checksum ``h``, DURABILITY 3) where the State holds them (a format 1–2 journal: hands it sealed copies), so the
+fold holds exactly the entries a later ``store.load`` returns; a retried append resends that batch
+byte-identical.
 """
 
 from __future__ import annotations
@@ -68,22 +69,30 @@ class JournalWriter:
     def next_batch(self) -> list[j.Entry]:
         """The append to send now: the batch in flight (byte-identical on retry), else every unsaved entry.
 
-        Sealing replaces the State's copies of those entries with the sealed ones.
+        Sealing stamps the State's own entries (in a format 1–2 journal, replaces them with sealed copies).
         """
         if self._batch is None:
             state = self.state
-            self._batch = j.seal(
-                state.history[self._saved :], self.writer_id, run_id=state.id, version=state.format_version
-            )
-            self.state.take_sealed(self._batch)
+            if state.format_version >= j.FORMAT_VERSION:  # stamped where they are: the State holds them
+                self._batch = j.seal_own(state.history[self._saved :], self.writer_id, run_id=state.id)
+            else:
+                self._batch = j.seal(
+                    state.history[self._saved :],
+                    self.writer_id,
+                    run_id=state.id,
+                    version=state.format_version,
+                )
+                state.take_sealed(self._batch)
         return self._batch
 
     def batch_saved(self) -> None:
         """The batch from ``next_batch`` is durable."""
-        if self._batch is not None:
-            for entry in self._batch:
-                j.forget_line(entry)  # durable now: the State need not hold its bytes
-            self._saved += len(self._batch)
+        batch = self._batch
+        if batch is not None:
+            forget = j.forget_line
+            for entry in batch:
+                forget(entry)  # durable now: the State need not hold its bytes
+            self._saved += len(batch)
             self._batch = None
 
     def caught_up(self) -> None:

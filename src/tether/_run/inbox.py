@@ -47,7 +47,9 @@ class InboxWatch:
         the inbox's length, less than a poll interval ago, shows nothing new)."""
         writer = self.writer
         state, store = writer.journal.state, writer.store
-        known = max(state.inbox_consumed, max((i.inbox_seq for i in self._held), default=-1))
+        known = state.inbox_consumed
+        if self._held:
+            known = max(known, max(i.inbox_seq for i in self._held))
         hinted, when = writer.inbox_hint
         if hinted <= known + 1 and time.monotonic() - when < self.poll_interval:
             return []
@@ -64,9 +66,11 @@ class InboxWatch:
 
     def journal_held(self) -> bool:
         """Journal the held items (right after the reply); returns whether a message was among them."""
-        items, self._held = self._held, []
-        if items:
-            consume(self.writer.journal, items, self.check_args)
+        items = self._held
+        if not items:
+            return False
+        self._held = []
+        consume(self.writer.journal, items, self.check_args)
         return any(item.type == "message" for item in items)
 
     async def consume(self) -> bool:

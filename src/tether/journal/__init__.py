@@ -25,6 +25,7 @@ from .codec import (
     forget_line,
     line_checksum,
     seal,
+    seal_own,
     short_writer,
 )
 from .entries import (
@@ -122,6 +123,7 @@ __all__ = [
     "new_writer_id",
     "now_iso",
     "seal",
+    "seal_own",
     "short_writer",
     "validate_metadata",
     "validate_run_id",

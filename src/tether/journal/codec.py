@@ -21,13 +21,14 @@ import binascii
 import dataclasses
 import functools
 import hashlib
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
 
 from ..errors import CorruptJournalError, NewerFormatError
-from .entries import ENVELOPE, FIELD_SETS, FIELDS, KINDS, VALUES, Entry, RunStarted, ToolStarted
+from .entries import ENVELOPE, FIELD_SETS, FIELDS, KINDS, Entry, RunStarted, ToolStarted
 from .legacy import LEGACY_VERSION, decode_legacy, encode_legacy, legacy_checksum, seal_legacy
 from .vocabulary import idempotency_key_for, iso_from_micros, micros_from_iso
 
@@ -41,6 +42,7 @@ __all__ = [
     "encode_entry",
     "line_checksum",
     "seal",
+    "seal_own",
     "short_writer",
 ]
 
@@ -55,6 +57,7 @@ _PREFIX = b'{"h":"'
 _H_END = 22  # len(_PREFIX) + 16
 _REST = 24  # after '",'
 _KEEP = object()  # a default no value equals: the field is always written
+_dumps = orjson.dumps
 
 
 def _defaults(cls: type[Entry]) -> tuple[tuple[str, Any], ...]:
@@ -147,25 +150,42 @@ def checksum(obj: dict[str, Any], run_id: str | None = None) -> str:
 # Writing
 
 
-def _body(entry: Entry, run_id: str, w: str, b: int) -> dict[str, Any]:
-    """The format-3 JSON object of ``entry`` without ``h``: what its line holds after ``h``."""
+def _body(entry: Entry, run_id: str, w: str, b: int, nones: list[str] | None = None) -> dict[str, Any]:
+    """The format-3 JSON object of ``entry`` without ``h``: what its line holds after ``h``.
+
+    ``nones``, when given, gets the name of each field left out as None whose default is not None.
+    """
     cls = type(entry)
-    micros = micros_from_iso(entry.at)
-    out: dict[str, Any] = {
-        "kind": cls.kind,
-        "seq": entry.seq,
-        "at": entry.at if micros is None else micros,
-        "w": w,
-    }
+    at = entry.at
+    micros = micros_from_iso(at)
+    out: dict[str, Any] = {"kind": cls.kind, "seq": entry.seq, "at": at if micros is None else micros, "w": w}
     if b:
         out["b"] = b
-    for (name, default), value in zip(DEFAULTS[cls], VALUES[cls](entry)[len(ENVELOPE) :], strict=True):
-        if value is None or (value.__class__ is default.__class__ and value == default):
-            continue
-        out[name] = value
+    for (name, default, default_class), value in zip(_LEFT_OUT[cls], _FIELD_VALUES[cls](entry), strict=True):
+        if value is None:
+            if nones is not None and default is not None:
+                nones.append(name)
+        elif value.__class__ is not default_class or value != default:  # builtins: != is not ==
+            out[name] = value
     if cls is ToolStarted and out["idempotency_key"] == idempotency_key_for(run_id, out.get("call_id", "")):
         del out["idempotency_key"]
     return out
+
+
+def _values_after_envelope(cls: type[Entry]) -> Any:
+    """A function giving an entry's values of the fields after the envelope, in ``DEFAULTS`` order."""
+    names = [name for name, _ in DEFAULTS[cls]]
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    get = operator.attrgetter(*names) if names else None
+    return lambda entry: (get(entry),) if get is not None else ()
+
+
+_FIELD_VALUES = {cls: _values_after_envelope(cls) for cls in KINDS.values()}
+_LEFT_OUT = {
+    cls: tuple((name, default, default.__class__) for name, default in DEFAULTS[cls])
+    for cls in KINDS.values()
+}  # DEFAULTS with each default's class: a value of that class equal to it is left out
 
 
 def _line(body: dict[str, Any], run_id: str) -> tuple[bytes, str]:
@@ -196,6 +216,42 @@ def seal(entries: Sequence[Entry], writer: str, *, run_id: str, version: int = F
         object.__setattr__(made, "_line", line)
         sealed.append(made)
     return sealed
+
+
+def seal_own(entries: list[Entry], writer: str, *, run_id: str) -> list[Entry]:
+    """``seal`` in format 3 for entries only their writer holds yet: each is stamped where it is.
+
+    For a ``JournalWriter``'s new entries (already folded into its State): each gets ``w``, ``b``, ``h`` and
+    its line, and becomes what ``seal`` would have returned for it (a field that is None where its
+    default is not takes that default, as a load makes it), without a copy. Returns ``entries``.
+    """
+    w = short_writer(writer)
+    hasher = _hasher(run_id)  # line_checksum's, made once for the batch
+    b = len(entries)
+    stamp = object.__setattr__
+    for entry in entries:
+        b -= 1
+        nones: list[str] = []
+        rest = memoryview(_dumps(_body(entry, run_id, w, b, nones)))[1:]
+        digest = hasher.copy()
+        digest.update(rest)
+        h = binascii.b2a_base64(digest.digest(), newline=False)
+        stamp(entry, "w", w)
+        stamp(entry, "h", h.decode())
+        stamp(entry, "b", b)
+        if entry.v is not None:
+            stamp(entry, "v", None)
+        for name in nones:
+            if name != "idempotency_key" or not isinstance(entry, ToolStarted):  # seal keeps the entry's key
+                stamp(entry, name, _default_of(type(entry), name))
+        stamp(entry, "_line", b"".join((_PREFIX, h, b'",', rest)))
+    return entries
+
+
+def _default_of(cls: type[Entry], name: str) -> Any:
+    """A new copy of the dataclass default of field ``name`` of ``cls``."""
+    field = cls.__dataclass_fields__[name]
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
 def encode_entry(entry: Entry, run_id: str | None = None) -> bytes:

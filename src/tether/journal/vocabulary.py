@@ -6,7 +6,7 @@ import os
 import re
 import secrets
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal, get_args
 
 from .._encodable import clean, clean_text
@@ -126,9 +126,22 @@ def new_writer_id() -> str:
     return secrets.token_hex(16)
 
 
+_MADE: dict[str, int] = {}  # the last times now_iso made, and their microseconds (see micros_from_iso)
+_MADE_MAX = 256
+
+
 def now_iso() -> str:
-    """The current UTC time as ISO 8601 with microseconds and a ``Z``."""
-    return datetime.now(UTC).isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" -> "Z"
+    """The current UTC time as ISO 8601 with microseconds and a ``Z``: ``2026-12-01T11:39:55.174973Z``.
+
+    What ``datetime.now(UTC).isoformat()`` says, made from one clock read (``iso_from_micros``); the last
+    few are remembered so that sealing them (``micros_from_iso``) parses nothing.
+    """
+    micros = time.time_ns() // 1000
+    at = iso_from_micros(micros)
+    if len(_MADE) >= _MADE_MAX:
+        _MADE.clear()
+    _MADE[at] = micros
+    return at
 
 
 def call_id_for(reply_seq: int, index: int) -> str:
@@ -157,7 +170,11 @@ def micros_from_iso(at: str) -> int | None:
     """``at`` as microseconds since the Unix epoch, when it is exactly what ``now_iso`` makes, else None.
 
     Only a time that ``iso_from_micros`` turns back into the same text is converted, so no text is lost.
+    A time ``now_iso`` made lately is looked up, not parsed.
     """
+    made = _MADE.get(at)
+    if made is not None:
+        return made
     if len(at) != 27 or at[26] != "Z" or at[19] != ".":
         return None
     try:

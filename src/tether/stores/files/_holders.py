@@ -98,19 +98,22 @@ def _has_open(pid: int, inode: tuple[int, int]) -> bool | None:
     return False
 
 
-def relock(run_id: str, fd: int, lpath: str, content: dict[str, object]) -> int | None:
-    """If ``lpath`` is no longer the lock file locked on ``fd``, re-create and lock it, writing ``content``.
+def relock(
+    run_id: str, inode: tuple[int, int], lpath: str, content: Callable[[], dict[str, object]]
+) -> int | None:
+    """If ``lpath`` is no longer the lock file the holder locked (``inode``), re-create and lock it.
 
-    Returns the new lock's fd (the caller closes ``fd`` and keeps the new one), or None when ``lpath`` is
-    still ``fd``'s file or another process has its new file locked for now (tried again next time).
+    ``content()`` is what the new file gets written (called only then). Returns the new lock's fd (the
+    caller closes its old one and keeps the new one), or None when ``lpath`` is still that file or another
+    process has its new file locked for now (tried again next time).
     """
-    if fl.same_file(fd, lpath):
+    if fl.names(lpath, inode):
         return None
     new = fl.take_lock(lpath, wait=0)
     if new is None:
         return None  # a taker holds the new file while it checks; it finds this process and lets go
     try:
-        fl.write_lock(new, content)
+        fl.write_lock(new, content())
     except BaseException:
         os.close(new)
         raise

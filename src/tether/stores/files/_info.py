@@ -20,7 +20,16 @@ import orjson
 
 from ... import journal as j
 
-__all__ = ["FULL_EVERY", "FULL_PREFIX", "SHORT_PREFIX", "STATIC", "is_listing", "listing_line", "record"]
+__all__ = [
+    "FULL_EVERY",
+    "FULL_PREFIX",
+    "SHORT_PREFIX",
+    "STATIC",
+    "is_listing",
+    "listing_line",
+    "record",
+    "static_of",
+]
 
 FULL_PREFIX = b'{"info"'
 """How a full listing line begins (an entry line begins with ``{"h"`` or ``{"kind"``)."""
@@ -36,6 +45,7 @@ FULL_EVERY = 8192
 tail read of about twice this finds it."""
 
 _USUAL = {"status": "running", "inbox_consumed": -1, "token": None}
+_INFO_FIELDS = frozenset((*STATIC, "status", "turn", "updated_at", "inbox_consumed"))  # State.info()'s
 
 
 def is_listing(line: bytes) -> bool:
@@ -49,25 +59,45 @@ def listing_line(
     info: dict[str, Any],
     length: int,
     token: int | None,
-    last_full: dict[str, Any] | None,
+    last_static: tuple[Any, ...] | None,
     since_full: int,
 ) -> bytes:
     """The listing line ending an append of ``entries`` (encoded as ``lines``).
 
     Args:
-        last_full: the record of the journal's last full line (None: write a full one).
+        last_static: the ``STATIC`` fields of the journal's last full line (``static_of`` its record;
+            None: write a full one).
         since_full: bytes from the end of that line to where this append begins.
 
     Raises:
         TypeError: ``info`` cannot be written as JSON.
     """
     if (
-        last_full is None
+        last_static is None
         or since_full >= FULL_EVERY
         or not lines[0].startswith(b'{"h":"')  # a format 1-2 journal: full lines, as its tether wrote them
-        or any(info.get(name) != last_full.get(name) for name in STATIC)
+        or static_of(info) != last_static
     ):
         return orjson.dumps({"info": {**info, "length": length, "token": token}})
+    if not info.keys() <= _INFO_FIELDS:  # fields a State's info does not have: each is written
+        return orjson.dumps({"i": _short(info, token, entries[-1].at)})
+    short: dict[str, Any] = {} if token is None else {"token": token}
+    get = info.get
+    status = get("status", "running")
+    if status != "running":
+        short["status"] = status
+    if "turn" in info:
+        short["turn"] = info["turn"]
+    if "updated_at" in info and info["updated_at"] != entries[-1].at:
+        short["updated_at"] = info["updated_at"]
+    consumed = get("inbox_consumed", -1)
+    if consumed != -1:
+        short["inbox_consumed"] = consumed
+    return orjson.dumps({"i": short})
+
+
+def _short(info: dict[str, Any], token: int | None, last_at: str) -> dict[str, Any]:
+    """A short line's fields for any ``info``: each but ``STATIC`` and ``length``, less their usual values."""
     short = {"token": token}
     for name, value in info.items():
         if name not in STATIC and name != "length":
@@ -75,9 +105,14 @@ def listing_line(
     for name, usual in _USUAL.items():
         if short.get(name, usual) == usual:
             short.pop(name, None)
-    if short.get("updated_at") == entries[-1].at:
+    if short.get("updated_at") == last_at:
         del short["updated_at"]
-    return orjson.dumps({"i": short})
+    return short
+
+
+def static_of(record: dict[str, Any]) -> tuple[Any, ...]:
+    """The ``STATIC`` fields of a listing record (or of a writer's info), in ``STATIC`` order."""
+    return tuple(map(record.get, STATIC))
 
 
 def full_record(line: bytes) -> dict[str, Any]:

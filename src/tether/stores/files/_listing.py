@@ -40,11 +40,13 @@ STRIPES = 64  # per-run thread locks, striped by run id
 
 @dataclass(slots=True)
 class Held:
-    """A run this store object holds: its lock file's fd, the token and the owner."""
+    """A run this store object holds: its lock file's fd, the token, the owner, and the lock file's
+    ``(st_dev, st_ino)`` (``_lock.inode_of(fd)``, checked against ``<id>.lock`` before each append)."""
 
     fd: int
     token: int
     owner: Owner
+    inode: tuple[int, int]
 
 
 def _metadata(raw: object) -> dict[str, str]:

@@ -28,8 +28,10 @@ __all__ = [
     "failpoints_before",
     "fsync_dir",
     "inbox_count",
+    "inode_of",
     "last_line",
     "link_new",
+    "names",
     "open_private",
     "pread_all",
     "probe",
@@ -96,7 +98,13 @@ def pwrite_all(fd: int, data: bytes, offset: int) -> None:
     Raises:
         OSError: the write failed (possibly after part of it was written).
     """
-    view = memoryview(data)
+    n = os.pwrite(fd, data, offset)
+    if n == len(data):
+        return  # the usual case: all of it at once
+    if n <= 0:
+        raise OSError(5, "short write")
+    view = memoryview(data)[n:]
+    offset += n
     while view:
         n = os.pwrite(fd, view, offset)
         if n <= 0:
@@ -127,12 +135,22 @@ def last_line(fd: int, size: int) -> bytes | None:
 
 def same_file(fd: int, path: str) -> bool:
     """Whether ``path`` still names the file open on ``fd`` (it was not deleted or replaced)."""
+    return names(path, inode_of(fd))
+
+
+def inode_of(fd: int) -> tuple[int, int]:
+    """The ``(st_dev, st_ino)`` of the file open on ``fd`` (it never changes while the fd is open)."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def names(path: str, inode: tuple[int, int]) -> bool:
+    """Whether ``path`` names the file ``inode`` (``inode_of`` its fd): one ``stat``."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return False
-    fst = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+    return (st.st_dev, st.st_ino) == inode
 
 
 def take_lock(path: str, wait: float = LOCK_WAIT) -> int | None:

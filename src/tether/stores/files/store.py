@@ -67,7 +67,7 @@ from ..base import (
 from . import _holders as fh
 from . import _lock as fl
 from . import _tail as ft
-from ._info import full_record, listing_line
+from ._info import full_record, listing_line, static_of
 from ._listing import STRIPES, FileListing, Held, owner_in
 
 __all__ = ["FileStore"]
@@ -104,6 +104,7 @@ class FileStore(FileListing):
     """
 
     ttl: float | None = None
+    append_reads_inbox = True  # read under the run's thread lock, after the fence (no trip of its own)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
@@ -119,6 +120,7 @@ class FileStore(FileListing):
         self._jfds: dict[str, int] = {}
         self._jtails: dict[str, ft.JTail] = {}
         self._itails: dict[str, ft.ITail] = {}
+        self._fulls: dict[str, tuple[bytes, tuple[Any, ...] | None]] = {}  # see _last_static
 
     def __repr__(self) -> str:
         return f"FileStore({self.path!r})"
@@ -169,6 +171,7 @@ class FileStore(FileListing):
     def _drop(self, run_id: str) -> None:
         """Stop holding the run: close its journal fd and its lock fd (the kernel drops the flock)."""
         held = self._held.pop(run_id, None)
+        self._fulls.pop(run_id, None)
         for fd in (self._jfds.pop(run_id, None), held.fd if held else None):
             if fd is not None:
                 with contextlib.suppress(OSError):
@@ -199,19 +202,24 @@ class FileStore(FileListing):
                 return busy_error(run_id, held.owner)
         return fh.hidden_holder(run_id, fd, jpath, lambda: self.read(run_id), lpath)
 
-    def _keep_lock(self, run_id: str) -> None:
-        """If this object holds the run and its ``<id>.lock`` was deleted or replaced, lock a new one."""
-        if run_id not in self._held:
+    def _keep_lock(self, run_id: str, lpath: str) -> None:
+        """If this object holds the run and its ``<id>.lock`` was deleted or replaced, lock a new one.
+
+        One ``stat`` of ``lpath`` when it is still the file held (the held fd's inode is known).
+        """
+        held = self._held.get(run_id)
+        if held is None or fl.names(lpath, held.inode):
             return
-        _, _, lpath = self._paths(run_id)
         with self._jlock(run_id):
             held = self._held.get(run_id)
             if held is None:
                 return
-            new = fh.relock(run_id, held.fd, lpath, _lock_content(held.owner, held.token))
+            new = fh.relock(
+                run_id, held.inode, lpath, functools.partial(_lock_content, held.owner, held.token)
+            )
             if new is not None:
                 os.close(held.fd)  # the old inode's flock: no one else can reach that file any more
-                held.fd = new
+                held.fd, held.inode = new, fl.inode_of(new)
 
     @staticmethod
     def _open_run_file(run_id: str, path: str, flags: int) -> int:
@@ -243,6 +251,24 @@ class FileStore(FileListing):
             with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd, _lines_named(jpath):
                 tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, os.fstat(fd), cached)
                 return tail
+
+    def _last_static(self, run_id: str, tail: ft.JTail) -> tuple[Any, ...] | None:
+        """The ``STATIC`` fields of the journal's last full listing line, or None (then the next line is a
+        full one).
+
+        Decoded once per line: they are kept with the line they came from (the tail carries the same
+        bytes object from append to append until a full line is written again).
+        """
+        line = tail.full_line
+        seen = self._fulls.get(run_id)
+        if seen is not None and seen[0] is line:
+            return seen[1]
+        try:
+            found = static_of(full_record(line)) if line else None
+        except (ValueError, KeyError, TypeError):
+            found = None
+        self._fulls[run_id] = (line, found)
+        return found
 
     def _inbox_locked(self, run_id: str, fd: int) -> ft.ITail:
         """The inbox's state; the caller holds a flock on ``fd``."""
@@ -301,7 +327,7 @@ class FileStore(FileListing):
                     return None
                 fl.write_lock(fd, _lock_content(owner, token))
                 self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)  # open while held
-                self._held[run_id] = Held(fd, token, owner)
+                self._held[run_id] = Held(fd, token, owner, fl.inode_of(fd))
                 kept = True
                 return Lease(run_id, token, owner, None)
             except BaseException as exc:
@@ -324,30 +350,33 @@ class FileStore(FileListing):
         writer: str,
         lease_token: int | None,
         info: dict[str, Any],
-    ) -> None:
-        jpath, _, _ = self._paths(run_id)
-        entries = list(entries)
+    ) -> int:
+        """See ``Store.append``; returns the inbox's length, read after the fence and before the write."""
+        jpath, ipath, lpath = self._paths(run_id)
         with self._jlock(run_id):
-            self._keep_lock(run_id)
+            self._keep_lock(run_id, lpath)
             held = self._held.get(run_id)
             if held is None or held.token != lease_token:  # the fence: this store object holds the flock
                 if not os.path.lexists(jpath):
                     raise RunNotFoundError(run_id)
                 raise lease_lost_error(run_id, lease_token, held.token if held else None)
+            inbox_len = self._inbox_length(run_id, ipath)  # DURABILITY 2.3: read before the append
             if not entries:
-                return  # nothing to write (as plan_append says), and no lock to take for it
+                return inbox_len  # nothing to write (as plan_append says), and no lock to take for it
             fd = self._jfds.get(run_id)
             if fd is None:
                 fd = self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                self._append_locked(run_id, fd, entries, expected_seq, held.token, info)
+                self._append_locked(run_id, jpath, fd, list(entries), expected_seq, held.token, info)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
+            return inbox_len
 
     def _append_locked(
         self,
         run_id: str,
+        jpath: str,
         fd: int,
         entries: list[j.Entry],
         expected_seq: int,
@@ -360,8 +389,10 @@ class FileStore(FileListing):
                 f"run {run_id}: an earlier write to its journal failed and could not be undone. Fix: stop this "
                 "process and resume the run from a new one (its first append repairs the file)"
             )
-        with _lines_named(self._paths(run_id)[0]):
+        try:
             tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
+        except CorruptJournalError as exc:
+            raise ft.named(exc, jpath) from None
         n = tail.length
         stored = functools.partial(_stored, run_id, fd, tail)
         new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
@@ -369,8 +400,8 @@ class FileStore(FileListing):
             return  # a retried append that was stored whole
         end = tail.end
         lines = [j.encode_entry(e, run_id) for e in new]
-        last_full = _last_full(tail)
-        info_line = listing_line(new, lines, info, n + len(new), token, last_full, end - tail.full_end)
+        last_static = self._last_static(run_id, tail)
+        info_line = listing_line(new, lines, info, n + len(new), token, last_static, end - tail.full_end)
         data = fl.append_bytes(lines, info_line)
         try:
             fl.cut_torn(fd, end, st.st_size)  # a torn append goes (never below a complete one) before writing
@@ -387,17 +418,20 @@ class FileStore(FileListing):
         except BaseException as exc:
             self._jtails.pop(run_id, None)
             if no_room(exc):
-                raise _full(run_id, self._paths(run_id)[0], exc) from exc
+                raise _full(run_id, jpath, exc) from exc
             raise
         if fp.ACTIVE and fp.hits("after_append", new):
             fp.die()
         version = new[0].version if isinstance(new[0], j.RunStarted) else tail.version
-        parsed = ft.Parsed(
-            [], end + len(data), n + len(new), version, info_line, new, tail.full_line, tail.full_end
-        )
+        after = end + len(data)
+        full_line, full_end = tail.full_line, tail.full_end
         if info_line.startswith(ft.INFO_PREFIX):
-            parsed.full_line, parsed.full_end = info_line, end + len(data)
-        self._jtails[run_id] = ft.JTail.of(os.fstat(fd), parsed)
+            full_line, full_end = info_line, after
+        st = os.fstat(fd)
+        self._jtails[run_id] = ft.JTail(
+            st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, after, n + len(new), version, info_line, new,
+            full_line, full_end,
+        )  # fmt: skip
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         jpath, _, _ = self._paths(run_id)
@@ -458,9 +492,9 @@ class FileStore(FileListing):
             return n
 
     def read_inbox(self, run_id: str, after_seq: int = -1) -> list[InboxItem]:
-        _, ipath, _ = self._paths(run_id)
+        _, ipath, lpath = self._paths(run_id)
         start = max(after_seq + 1, 0)
-        self._keep_lock(run_id)  # the holder polls: a good time to see its lock file is still there
+        self._keep_lock(run_id, lpath)  # the holder polls: a good time to see its lock file is still there
         with self._ilock(run_id), self._locked(run_id, ipath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
             tail = self._inbox_locked(run_id, fd)
             if start >= len(tail.offsets):
@@ -472,8 +506,12 @@ class FileStore(FileListing):
             return items
 
     def inbox_length(self, run_id: str) -> int:
-        _, ipath, _ = self._paths(run_id)
-        self._keep_lock(run_id)  # before the inbox's lock: the run's lock is always taken first
+        _, ipath, lpath = self._paths(run_id)
+        self._keep_lock(run_id, lpath)  # the holder polls (before the inbox's lock: the run's comes first)
+        return self._inbox_length(run_id, ipath)
+
+    def _inbox_length(self, run_id: str, ipath: str) -> int:
+        """The inbox's length: one ``stat`` when it is unchanged since last read."""
         with self._ilock(run_id):
             try:
                 st = os.stat(ipath)
@@ -508,7 +546,7 @@ class FileStore(FileListing):
             except BaseException:
                 os.close(fd)
                 raise
-            self._held[run_id] = Held(fd, token, owner)
+            self._held[run_id] = Held(fd, token, owner, fl.inode_of(fd))
             return Lease(run_id, token, owner, None)
 
     def _journal_token(self, run_id: str, jpath: str) -> int:
@@ -606,14 +644,6 @@ def _stored(run_id: str, fd: int, tail: ft.JTail, first: int, end: int) -> list[
         data = fl.pread_all(fd, tail.end, 0)
         found = ft.parse_forward(run_id, data, base=0, seq=0, version=None, keep=True).entries[first:end]
     return [stored_entry(entry) for entry in found]
-
-
-def _last_full(tail: ft.JTail) -> dict[str, Any] | None:
-    """The record of the journal's last full listing line, or None (then the next line is a full one)."""
-    try:
-        return full_record(tail.full_line) if tail.full_line else None
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 @contextlib.contextmanager

@@ -126,10 +126,16 @@ class Writers:
     def _commit(self, batch: list[_Queued]) -> None:
         if len(batch) == 1:  # alone: its own transaction, without a savepoint's two statements
             queued = batch[0]
-            try:
-                with self._transaction(queued.run_id) as conn:
+            try:  # what ``_transaction`` does, without a context manager's three calls
+                conn = self._connect()
+                begin(conn, self._path, self._lock_timeout, queued.run_id)
+                try:
                     queued.value = queued.work(conn)
-            except BaseException as exc:
+                    conn.execute("COMMIT")
+                except BaseException as exc:
+                    _rollback(conn)
+                    queued.error = _raised(store_error(exc, self._path, queued.run_id), exc)
+            except BaseException as exc:  # the connection or its BEGIN
                 queued.error = exc
             finally:
                 queued.done = True
@@ -154,6 +160,14 @@ class Writers:
         finally:
             for queued in batch:
                 queued.done = True
+
+
+def _raised(error: BaseException, cause: BaseException) -> BaseException:
+    """``error`` as ``raise error from cause`` leaves it (``error`` itself when it is ``cause``)."""
+    if error is not cause:
+        error.__cause__ = cause
+        error.__suppress_context__ = True
+    return error
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -80,6 +80,16 @@ __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 log = logging.getLogger(__name__)
 
 
+_HELD_AND_INBOX = _HELD + ", inbox_len"  # what an append reads of its run's row
+
+_FENCED_UPDATE = (
+    "UPDATE runs SET agent = ?, status = ?, turn = ?, first_message = ?, created_at = ?, updated_at = ?, "
+    "parent_id = ?, root_id = ?, info = ?, length = ?, inbox_consumed = ? WHERE id = ? AND length = ? AND "
+    "lease_token = ? AND lease_owner IS NOT NULL AND (lease_expires_at IS NULL OR lease_expires_at > ?)"
+)
+"""An append's fence and listing (parameters: the listing, the new length, inbox_consumed, the run id, the
+stored length, the token, now)."""
+
 _HELD_HERE = (
     f"SELECT id, lease_owner, lease_expires_at FROM runs INDEXED BY runs_work WHERE {_WORK} AND "
     "lease_owner IS NOT NULL AND (lease_expires_at IS NULL OR lease_expires_at > ?) AND "
@@ -133,6 +143,7 @@ class SQLiteStore(Store):
     """
 
     ttl: float | None = 30.0
+    append_reads_inbox = True  # read with the fence's row, in the append's transaction
 
     def __init__(
         self,
@@ -292,14 +303,16 @@ class SQLiteStore(Store):
         writer: str,
         lease_token: int | None,
         info: dict[str, Any],
-    ) -> None:
+    ) -> int:
+        """See ``Store.append``; returns the inbox's length, read in the append's transaction."""
         rows = [(run_id, entry.seq, j.encode_entry(entry, run_id)) for entry in entries]  # before the lock
         listing = (*self._listing(info), int(info.get("inbox_consumed", -1)))
-        new = self._writers.together(
+        new, inbox_len = self._writers.together(
             functools.partial(self._append, run_id, entries, rows, expected_seq, lease_token, listing), run_id
         )  # committed with the appends of other runs that wait meanwhile (one sync for all)
         if fp.ACTIVE and new and fp.hits("after_append", new):
             fp.die()
+        return inbox_len
 
     def _append(
         self,
@@ -310,31 +323,48 @@ class SQLiteStore(Store):
         lease_token: int | None,
         listing: tuple[Any, ...],
         conn: sqlite3.Connection,
-    ) -> list[j.Entry]:
-        """One append's writes in ``conn``'s transaction (``rows`` and ``listing`` made before it); returns the new."""
+    ) -> tuple[list[j.Entry], int]:
+        """One append's writes in ``conn``'s transaction (``rows`` and ``listing`` made before it).
+
+        Returns the entries written, and the inbox's length (read in the fenced statement, or with the
+        fence's row). The usual append (the journal ends at ``expected_seq``, the lease holds) is one fenced
+        ``UPDATE … RETURNING`` and the ``INSERT``; when that ``UPDATE`` matches no row (a retry, a gap, a
+        lost lease), the row is read and the planner decides, as for every append before.
+        """
         now = time.time()
-        n, token, owner, expires = self._row(conn, run_id, _HELD)
+        if entries:
+            check_batch(run_id, entries, expected_seq)  # the planner's first check, before any write
+            found = conn.execute(
+                _FENCED_UPDATE + " RETURNING inbox_len",
+                (*listing[:-1], expected_seq + len(entries), listing[-1], run_id, expected_seq, lease_token,
+                 now),
+            ).fetchall()  # fmt: skip
+            if found:  # a new append at the journal's end, fenced: nothing stored to compare
+                new = list(entries)
+                if fp.ACTIVE and fp.hits("before_append", new):
+                    fp.die()  # inside the transaction: nothing of it is written
+                conn.executemany(_INSERT_ENTRY, rows)
+                if fp.ACTIVE and fp.hits("torn_append", new):
+                    fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
+                return new, int(found[0][0])
+        n, token, owner, expires, inbox_len = self._row(conn, run_id, _HELD_AND_INBOX)
         if lease_token != token or not _live(owner, expires, now):
             raise lease_lost_error(run_id, lease_token, token)
         stored = functools.partial(_stored, conn, run_id)
         new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
         if not new:
-            return new
+            return new, int(inbox_len)
         if fp.ACTIVE and fp.hits("before_append", new):
             fp.die()
         cur = conn.execute(
-            "UPDATE runs SET agent = ?, status = ?, turn = ?, first_message = ?, created_at = ?, "
-            "updated_at = ?, parent_id = ?, root_id = ?, info = ?, length = ?, inbox_consumed = ? "
-            "WHERE id = ? AND length = ? AND lease_token = ? AND lease_owner IS NOT NULL "
-            "AND (lease_expires_at IS NULL OR lease_expires_at > ?)",
-            (*listing[:-1], n + len(new), listing[-1], run_id, n, lease_token, now),
-        )  # fmt: skip
+            _FENCED_UPDATE, (*listing[:-1], n + len(new), listing[-1], run_id, n, lease_token, now)
+        )
         if cur.rowcount != 1:  # cannot happen under the write lock; the fence is here all the same
             raise lease_lost_error(run_id, lease_token, token)
         conn.executemany(_INSERT_ENTRY, rows[len(entries) - len(new) :])
         if fp.ACTIVE and fp.hits("torn_append", new):
             fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
-        return new
+        return new, int(inbox_len)
 
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         after_seq = max(after_seq, -1)

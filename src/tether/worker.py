@@ -217,13 +217,27 @@ class Worker:
     async def _claim_while_free(self) -> bool:
         """Claim until ``concurrency`` drives run or none needs work; True when none needed work.
 
-        The free slots are claimed for together (up to ``_CLAIMS_AT_ONCE`` claims at a time, each its own
-        ``claim_next``), so a store that commits concurrent writes together (SQLiteStore's group commit,
-        PostgreSQL's) fills them in a few commits rather than one after another.
+        The free slots are claimed for together: in one statement on a store with ``aclaim_next_batch``
+        (PostgresStore), else up to ``_CLAIMS_AT_ONCE`` claims at a time, each its own ``claim_next``, so a
+        store that commits concurrent writes together (SQLiteStore's group commit) fills them in a few
+        commits rather than one after another.
         """
         names = list(self.agents)
         ttl = self.lease_ttl if self.lease_ttl is not None else self.store.ttl
+        batch = getattr(self.store, "aclaim_next_batch", None)
         while len(self._tasks) < self.concurrency and not self._stop_requested.is_set():
+            if callable(batch):
+                wanted = self.concurrency - len(self._tasks)
+                try:
+                    leases = await batch([Owner.here() for _ in range(wanted)], ttl, agents=names)
+                except Exception as exc:  # a store that is down: try again at the next wake-up or poll
+                    log.warning("%s could not claim a run: %s", self.name, exc)
+                    return False
+                for lease in leases:
+                    self._start_drive(lease)
+                if len(leases) < wanted:
+                    return True
+                continue
             wanted = min(self.concurrency - len(self._tasks), _CLAIMS_AT_ONCE)
             claims = [self.store.aclaim_next(Owner.here(), ttl, agents=names) for _ in range(wanted)]
             outcomes = await asyncio.gather(*claims, return_exceptions=True)

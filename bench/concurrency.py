@@ -76,7 +76,7 @@ def _store(kind: str, where: str) -> Any:
         return SQLiteStore(Path(where) / "runs.db")
     from tether import PostgresStore
 
-    return PostgresStore(where, pool_max=20)
+    return PostgresStore(where, pool_max=int(os.environ.get("TETHER_BENCH_POOL_MAX", "20")))
 
 
 def drive(kind: str, where: str, runs: int, turns: int, latency: float, concurrency: int) -> dict[str, Any]:
@@ -109,6 +109,7 @@ def drive(kind: str, where: str, runs: int, turns: int, latency: float, concurre
         agent.submit("go", id=f"run-{i:05d}")
     worker = Worker([agent], store, concurrency=concurrency, poll_interval=0.5)
     timeline = _Timeline(worker, store) if os.environ.get("TETHER_BENCH_TIMELINE") else None
+    server_before = _server_cpu()
     threads_before = _threads_now()
     rss_before = _current_rss_mb()
     cpu_before = _cpu_seconds()
@@ -127,6 +128,10 @@ def drive(kind: str, where: str, runs: int, turns: int, latency: float, concurre
     store.close()
     if timeline is not None:
         timeline.report(start, latency, turns)
+        print(
+            f"  server cpu {_server_cpu() - server_before:.2f} s (every local postgres process)",
+            file=sys.stderr,
+        )
     return {
         "seconds": elapsed,
         "cpu": cpu,
@@ -140,6 +145,20 @@ def drive(kind: str, where: str, runs: int, turns: int, latency: float, concurre
 
 
 _PEAK_THREADS = [0]
+
+
+def _server_cpu() -> float:
+    """CPU seconds of this machine's postgres processes (and their children that ended); 0 when unreadable."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if stat.with_name("comm").read_text().strip() == "postgres":
+                total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
 
 _TIMED = ("aclaim_next", "aread", "aread_inbox", "aappend", "arelease", "aabandon", "renew", "alist")
 

@@ -112,6 +112,7 @@ class Worker:
         self._stop_requested = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self._freed: asyncio.Event | None = None  # set when a drive ends
         self._tasks: dict[asyncio.Task[None], str] = {}
 
     def __repr__(self) -> str:
@@ -145,7 +146,7 @@ class Worker:
             stop_when_idle: return when no run needs work and no drive is in progress.
         """
         loop = asyncio.get_running_loop()
-        self._loop, self._wake, self._tasks = loop, asyncio.Event(), {}
+        self._loop, self._wake, self._freed, self._tasks = loop, asyncio.Event(), asyncio.Event(), {}
         if install_signal_handlers:
             loop.add_signal_handler(signal.SIGTERM, self.stop)
         work = asyncio.Event()  # set by the waiting thread: a NOTIFY, or a poll interval passed
@@ -156,14 +157,14 @@ class Worker:
         try:
             while not self._stop_requested.is_set():
                 work.clear()  # before claiming: a wake-up that comes meanwhile makes the next wait return
+                self._freed.clear()  # likewise a drive that ends meanwhile
                 idle = await self._claim_while_free()
                 if self._stop_requested.is_set() or (stop_when_idle and idle and not self._tasks):
                     break
-                waits = {asyncio.ensure_future(self._wake.wait()), *self._tasks}
-                if len(self._tasks) < self.concurrency:
-                    waits.add(asyncio.ensure_future(work.wait()))
+                events = [self._wake, self._freed] + ([work] if len(self._tasks) < self.concurrency else [])
+                waits = {asyncio.ensure_future(event.wait()) for event in events}  # not each drive's task
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                for future in waits - set(self._tasks):
+                for future in waits:
                     future.cancel()
         finally:
             self._stop_requested.set()
@@ -269,6 +270,8 @@ class Worker:
 
     def _drive_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
+        if self._freed is not None:
+            self._freed.set()  # a slot is free: the loop claims again
         if self._wake is not None and self._stop_requested.is_set():
             self._wake.set()
 

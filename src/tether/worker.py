@@ -2,10 +2,11 @@
 
 A worker claims, with ``store.claim_next`` (``claim_next_batch`` where the store has it), the root of a
 tree that needs work for one of its agents (a run submitted and not started, a ``running`` run no one
-holds, a run with unconsumed inbox items, a ``waiting`` root whose child moved on), drives it to its next stop with ``agent.adrive`` while the driver
-renews the lease, and releases it. Up to ``concurrency`` runs are driven at once. It wakes on the store's
-``wait_for_work`` (PostgreSQL LISTEN/NOTIFY) where there is one, and polls every ``poll_interval`` seconds
-in any case, so it works on every store with ``claim_next`` (SQLiteStore, PostgresStore, MemoryStore).
+holds, a run with unconsumed inbox items, a ``waiting`` root whose child moved on), drives it to its next
+stop with ``agent.adrive`` while the driver renews the lease, and releases it. Up to ``concurrency`` runs
+are driven at once. It wakes on the store's ``wait_for_work`` (PostgreSQL LISTEN/NOTIFY) where there is
+one, and polls every ``poll_interval`` seconds in any case, so it works on every store with
+``claim_next`` (SQLiteStore, PostgresStore, MemoryStore).
 
 Child runs are never claimed: their root's driver reaches them. On ``stop()`` (and SIGTERM with
 ``install_signal_handlers=True``) the worker stops claiming and cancels its drives as ``handle_sigterm``

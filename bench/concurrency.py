@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import resource
@@ -75,7 +76,7 @@ def _store(kind: str, where: str) -> Any:
         return SQLiteStore(Path(where) / "runs.db")
     from tether import PostgresStore
 
-    return PostgresStore(where, pool_max=20)
+    return PostgresStore(where, pool_max=int(os.environ.get("TETHER_BENCH_POOL_MAX", "20")))
 
 
 def drive(kind: str, where: str, runs: int, turns: int, latency: float, concurrency: int) -> dict[str, Any]:
@@ -94,6 +95,8 @@ def drive(kind: str, where: str, runs: int, turns: int, latency: float, concurre
 
     def answer(reply: Any) -> Any:
         async def later(request: Any) -> Any:
+            if timeline is not None:
+                timeline.requested()
             await asyncio.sleep(latency)
             return reply
 
@@ -105,15 +108,30 @@ def drive(kind: str, where: str, runs: int, turns: int, latency: float, concurre
     for i in range(runs):
         agent.submit("go", id=f"run-{i:05d}")
     worker = Worker([agent], store, concurrency=concurrency, poll_interval=0.5)
+    timeline = _Timeline(worker, store) if os.environ.get("TETHER_BENCH_TIMELINE") else None
+    server_before = _server_cpu()
     threads_before = _threads_now()
     rss_before = _current_rss_mb()
     cpu_before = _cpu_seconds()
     start = time.perf_counter()
-    worker.run(stop_when_idle=True)
+    if os.environ.get("TETHER_BENCH_PROFILE"):  # cProfile of the drive, to that file (pstats)
+        import cProfile
+
+        with cProfile.Profile(time.process_time) as profile:  # CPU, not time waited
+            worker.run(stop_when_idle=True)
+        profile.dump_stats(os.environ["TETHER_BENCH_PROFILE"])
+    else:
+        worker.run(stop_when_idle=True)
     elapsed = time.perf_counter() - start
     cpu = _cpu_seconds() - cpu_before
     statuses = Counter(info.status for info in store.list(limit=runs + 10))
     store.close()
+    if timeline is not None:
+        timeline.report(start, latency, turns)
+        print(
+            f"  server cpu {_server_cpu() - server_before:.2f} s (every local postgres process)",
+            file=sys.stderr,
+        )
     return {
         "seconds": elapsed,
         "cpu": cpu,
@@ -127,6 +145,128 @@ def drive(kind: str, where: str, runs: int, turns: int, latency: float, concurre
 
 
 _PEAK_THREADS = [0]
+
+
+def _server_cpu() -> float:
+    """CPU seconds of this machine's postgres processes (and their children that ended); 0 when unreadable."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if stat.with_name("comm").read_text().strip() == "postgres":
+                total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+_TIMED = ("aclaim_next", "aread", "aread_inbox", "aappend", "arelease", "aabandon", "renew", "alist")
+
+
+class _Timeline:
+    """Per run: when it was claimed, each model request, when its drive stopped; each store call's time
+    (``TETHER_BENCH_TIMELINE=1``; the report goes to stderr)."""
+
+    def __init__(self, worker: Any, store: Any) -> None:
+        self.worker, self.events, self.calls = worker, [], {}
+        start_drive, drive_done = worker._start_drive, worker._drive_done
+
+        def started(lease: Any) -> None:
+            self.events.append((time.perf_counter(), "claimed", lease.run_id))
+            start_drive(lease)
+
+        def done(task: Any) -> None:
+            self.events.append((time.perf_counter(), "stopped", worker._tasks.get(task)))
+            drive_done(task)
+
+        worker._start_drive, worker._drive_done = started, done
+        for name in _TIMED:
+            self._time(store, name)
+        self.pool_stats: list[dict[str, Any]] = []
+        close_loop = store.aclose_loop
+
+        async def closing() -> None:  # the loop's pool's figures, before it closes
+            self.pool_stats += [mine.pool.get_stats() for mine in getattr(store, "_apools", {}).values()]
+            await close_loop()
+
+        store.aclose_loop = closing
+
+    def _time(self, store: Any, name: str) -> None:
+        fn = getattr(store, name)
+        spent = self.calls.setdefault(name, [])
+        if name.startswith("a"):
+
+            async def timed(*args: Any, **kwargs: Any) -> Any:
+                began = time.perf_counter()
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    spent.append((began, time.perf_counter()))
+        else:
+
+            def timed(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+                began = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    spent.append((began, time.perf_counter()))
+
+        setattr(store, name, timed)
+
+    def requested(self) -> None:
+        task = asyncio.current_task()
+        self.events.append((time.perf_counter(), "request", self.worker._tasks.get(task)))
+
+    def report(self, start: float, latency: float, turns: int) -> None:
+        def ms(values: list[float]) -> str:
+            if not values:
+                return "-"
+            values = sorted(values)
+            pick = lambda q: values[min(len(values) - 1, int(q * len(values)))] * 1e3  # noqa: E731
+            return f"n={len(values)} mean {sum(values) / len(values) * 1e3:.1f} p50 {pick(0.5):.1f} p90 {pick(0.9):.1f} max {values[-1] * 1e3:.1f}"
+
+        out = sys.stderr
+        for name, spent in self.calls.items():
+            print(f"  {name:12} {ms([b - a for a, b in spent])}", file=out)
+        runs: dict[str, dict[str, Any]] = {}
+        for at, kind, run_id in self.events:
+            run = runs.setdefault(run_id, {"requests": []})
+            if kind == "request":
+                run["requests"].append(at)
+            else:
+                run[kind] = at
+        claimed_to_first, gaps, last_to_stop = [], [], []
+        for run in runs.values():
+            r = run["requests"]
+            if "claimed" in run and r:
+                claimed_to_first.append(r[0] - run["claimed"])
+            gaps += [b - a - latency for a, b in itertools.pairwise(r)]
+            if "stopped" in run and r:
+                last_to_stop.append(run["stopped"] - r[-1] - latency)
+        stops = sorted(at for at, kind, _ in self.events if kind == "stopped")
+        claims = sorted(at for at, kind, _ in self.events if kind == "claimed")
+        refill = []
+        for stop in stops:  # the first claim after each stop (a slot refilled), while runs were left
+            later = [c for c in claims if c >= stop]
+            if later and len(refill) < len(claims) - self.worker.concurrency:
+                refill.append(later[0] - stop)
+        print(f"  claimed -> first request    {ms(claimed_to_first)}", file=out)
+        print(f"  request -> next, less model {ms(gaps)}", file=out)
+        print(f"  last reply -> stopped       {ms(last_to_stop)}", file=out)
+        print(f"  stopped -> a slot refilled  {ms(refill)}", file=out)
+        print(
+            f"  first claim {(claims[0] - start) * 1e3:.0f} ms, last claim {(claims[-1] - start) * 1e3:.0f} ms, "
+            f"last stop {(stops[-1] - start) * 1e3:.0f} ms",
+            file=out,
+        )
+        in_flight, series = 0, []
+        for at, kind, _ in sorted(e for e in self.events if e[1] != "request"):
+            in_flight += 1 if kind == "claimed" else -1
+            series.append((at - start, in_flight))
+        marks = [(t, n) for t, n in series][:: max(1, len(series) // 40)]
+        print("  in flight: " + " ".join(f"{t:.2f}s:{n}" for t, n in marks), file=out)
+        for stats in self.pool_stats:
+            print(f"  async pool {stats}", file=out)
 
 
 def _threads_now() -> int:
@@ -153,7 +293,7 @@ def _postgres_schema(base: str) -> tuple[str, Any]:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
     sep = "&" if "?" in base else "?"
-    return f"{base}{sep}options=-csearch_path%3D{schema}", drop
+    return f"{base}{sep}schema={schema}", drop  # every statement names the store's schema
 
 
 def _child(args: argparse.Namespace, tree: str | None, kind: str, where: str) -> dict[str, Any]:
@@ -166,6 +306,8 @@ def _child(args: argparse.Namespace, tree: str | None, kind: str, where: str) ->
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env, cwd="/")
     if done.returncode != 0:
         raise SystemExit(f"the {kind} run failed:\n{done.stderr[-3000:]}")
+    if os.environ.get("TETHER_BENCH_TIMELINE"):
+        print(f"{kind} {tree or 'src'}:\n{done.stderr}", file=sys.stderr)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 

@@ -15,7 +15,9 @@ Transactions, client round trips and statements per turn are read off the wire b
 difference between a run of N turns and one of N/2, so a run's fixed cost (create, release, pool start)
 is left out. Then the append alone, in both faces: each ``store.append`` / ``await store.aappend`` (1 or 2
 messages) followed by one bare INSERT, as many times as the largest run's turns, so the ratio holds even
-while the machine's load drifts. ``--src`` measures another tree's tether (e.g. a ``git worktree`` of an earlier commit).
+while the machine's load drifts; and the CPU an ``aappend`` costs this process and
+the server's backend (read from ``/proc``: a local server), steadier than either's wall time. ``--src``
+measures another tree's tether (e.g. a ``git worktree`` of an earlier commit).
 
     python bench/turns_postgres.py             # 100 and 1000 turns, postgresql://root@127.0.0.1:5432/test
     python bench/turns_postgres.py --turns 200 --dsn postgresql://USER@HOST/DB --src /tmp/before/src
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+import os
 import statistics
 import sys
 import time
@@ -119,6 +122,53 @@ def baseline(dsn: str, schema: str, appends: int, chunk: int, turns: int) -> flo
         elapsed = time.perf_counter() - start
         conn.execute(f"DELETE FROM {table} WHERE run_id = %s", (run_id,))
     return elapsed / turns
+
+
+def _backend_cpu(pid: int) -> float:
+    """CPU seconds of the server process ``pid`` (a local server); 0 when it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def append_cpu(dsn: str, count: int, chunk: int) -> tuple[float, float]:
+    """Per ``await store.aappend`` alone (one-entry batches of about ``chunk`` bytes, ``count`` of them, on one
+    pooled connection): this process's CPU and the server backend's CPU, in ms. Steadier than wall time on
+    a busy machine."""
+    from tether import journal as j
+    from tether._harness.conformance.support import make_sealed, record
+    from tether.stores.postgres import PostgresStore
+
+    store = PostgresStore(dsn, pool_min=1, pool_max=1)
+    run_id = f"cpu-{uuid.uuid4().hex[:12]}"
+    writer, lease = make_sealed(store, run_id, held=True)
+    assert lease is not None
+    by_run = "run_id" in inspect.signature(j.seal).parameters
+    text = "x" * max(1, chunk - 150)
+    batches = [
+        j.seal([j.MessageAdded(seq=seq, at=j.now_iso(), content=[{"type": "text", "text": text}])], writer,
+               **({"run_id": run_id} if by_run else {}))
+        for seq in range(2, 2 + count)
+    ]  # fmt: skip
+    info = record(run_id)
+
+    async def measure() -> tuple[float, float]:
+        try:
+            pool = await store._apool()
+            async with pool.connection() as conn:
+                pid = (await (await conn.execute("SELECT pg_backend_pid()")).fetchone())[0]
+            server, client = _backend_cpu(pid), time.process_time()
+            for batch in batches:
+                await store.aappend(run_id, batch, expected_seq=batch[0].seq, writer=writer,
+                                    lease_token=lease.token, info=info)  # fmt: skip
+            return time.process_time() - client, _backend_cpu(pid) - server
+        finally:
+            await store.aclose()
+
+    client, server = asyncio.run(measure())
+    return client * 1e3 / count, server * 1e3 / count
 
 
 def appends(dsn: str, schema: str, count: int, chunk: int) -> tuple[float, float, float, float]:
@@ -266,6 +316,10 @@ def main() -> int:
         print(f"  sync face   {sync_ms:.3f} ms, bare INSERT {sync_base:.3f} ms: {sync_ms / sync_base:.2f}x")
         print(
             f"  async face  {async_ms:.3f} ms, bare INSERT {async_base:.3f} ms: {async_ms / async_base:.2f}x"
+        )
+        client, server = append_cpu(dsn, max(count, 2000), chunk)
+        print(
+            f"  CPU per await store.aappend: this process {client:.3f} ms, the server's backend {server:.3f} ms"
         )
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as conn:

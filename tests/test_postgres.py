@@ -457,6 +457,76 @@ def test_concurrent_claim_next_never_hands_out_one_run_twice(db: PostgresStore, 
     assert sorted(got) == [f"q{i:02d}" for i in range(40)]
 
 
+def test_claim_next_batch_pairs_each_claimed_root_with_one_owner(db: PostgresStore) -> None:
+    for i in range(5):
+        _make(db, f"b{i}")
+    _make(db, "b-held", held=True)
+    _make(db, "b-other-agent", agent="z")
+    owners = [Owner.here() for _ in range(3)]
+    leases = db.claim_next_batch(owners, agents=["a"])
+    assert [lease.run_id for lease in leases] == ["b0", "b1", "b2"]  # the oldest free roots first
+    assert sorted(lease.owner.writer for lease in leases) == sorted(o.writer for o in owners)
+    for lease in leases:
+        assert db.holder(lease.run_id) == lease.owner and lease.token == 1 and lease.expires_at is not None
+        db.renew(lease)  # each lease is the run's: its token and owner hold
+    rest = db.claim_next_batch([Owner.here() for _ in range(4)], agents=["a"])
+    assert [lease.run_id for lease in rest] == ["b3", "b4"]  # fewer: no more were free
+    assert db.claim_next_batch([Owner.here()], agents=["a"]) == []
+    assert (
+        db.claim_next_batch([], agents=["a"]) == [] and db.claim_next_batch([Owner.here()], agents=[]) == []
+    )
+    assert [lease.run_id for lease in db.claim_next_batch([Owner.here()])] == ["b-other-agent"]
+
+
+def test_claim_next_batch_retried_after_a_lost_commit_returns_its_own_claims(db: PostgresStore) -> None:
+    from tether.stores.base import run_sync
+    from tether.stores.postgres import _primitives as p
+    from tether.stores.postgres._conn import SyncCx
+
+    for i in range(3):
+        _make(db, f"r{i}")
+    owners = [Owner.here() for _ in range(2)]
+    first = db.claim_next_batch(owners)
+    with db._pool().connection() as conn:  # the same owners again, as a retry (its COMMIT's outcome unknown)
+        again = run_sync(p.claim_next_batch(SyncCx(conn), db._t, 1, owners, 30.0, None))
+    assert sorted((lease.run_id, lease.token, lease.owner) for lease in again) == sorted(
+        (lease.run_id, lease.token, lease.owner) for lease in first
+    )
+    assert db.holder("r2") is None  # nothing more was claimed
+
+
+def test_concurrent_claim_next_batches_never_hand_out_one_run_twice(db: PostgresStore, dsn: str) -> None:
+    for i in range(60):
+        _make(db, f"c{i:02d}")
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def claim_all() -> None:
+        store = PostgresStore(dsn)
+        while leases := store.claim_next_batch([Owner.here() for _ in range(7)]):
+            with lock:
+                got.extend(lease.run_id for lease in leases)
+        store.close()
+
+    threads = [threading.Thread(target=claim_all) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(got) == [f"c{i:02d}" for i in range(60)]
+
+
+def test_claim_next_batch_takes_a_root_left_by_a_dead_process_of_this_host(
+    db: PostgresStore, dsn: str
+) -> None:
+    _make(db, "dead-held")
+    dead = Owner("w-dead", 2**22 + 12345, socket.gethostname(), j.now_iso())  # no such pid
+    taken = db.claim("dead-held", dead)
+    assert taken.token == 1
+    leases = db.claim_next_batch([Owner.here(), Owner.here()])
+    assert [lease.run_id for lease in leases] == ["dead-held"] and leases[0].token == 2
+
+
 # --------------------------------------------------------------------------------------------------
 # The conformance suite
 

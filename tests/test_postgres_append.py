@@ -82,7 +82,7 @@ def test_an_append_is_one_transaction_of_one_statement_and_returns_the_inbox_len
         store.post(run_id, {"type": "message", "content": "hi"})
         costs: list[Counts] = []
         seq = 3
-        for i in range(8):
+        for i in range(18):  # batches of 1, 2 and 3 entries, 6 of each
             before = counter.counts()
             assert (
                 append(_batch(seq, 1 + i % 3, writer, run_id=run_id), lease) == 1
@@ -91,7 +91,7 @@ def test_an_append_is_one_transaction_of_one_statement_and_returns_the_inbox_len
             seq += 1 + i % 3
         assert all(c.transactions == 1 and c.statements == 1 for c in costs), costs
         assert all(c.round_trips == 1 + c.prepares for c in costs), costs  # psycopg preparing it: once
-        assert sum(c.prepares for c in costs) == 1, costs  # one connection (the pool's only one)
+        assert sum(c.prepares for c in costs) == 3, costs  # a text per batch size, on one connection
         assert store.length(run_id) == seq
 
 
@@ -175,3 +175,37 @@ def test_a_one_call_turn_costs_two_transactions_and_at_most_six_round_trips(
     assert len(appends) == 2 * (3 + 13) + 2 * 2  # each run: 2 a turn, run_resumed, the final reply
     for cost in appends:  # each append: one statement, one transaction, at most 3 round trips
         assert cost.transactions == 1 and cost.statements == 1 and cost.round_trips <= 3, appends
+
+
+def test_a_claim_a_batch_of_claims_and_a_release_are_each_one_statement(
+    wire: tuple[WireCounter, str],
+) -> None:
+    from tether.stores.base import Owner
+
+    counter, dsn = wire
+    store = PostgresStore(dsn, pool_min=1, pool_max=1)
+    for i in range(4):
+        _make(store, f"claimed-{i}")
+    costs: dict[str, Counts] = {}
+
+    async def run() -> None:
+        try:
+            assert await store.aholder("claimed-0") is None  # the connection made, the schema checked
+            before = counter.counts()
+            lease = await store.aclaim_next(Owner.here())
+            costs["claim_next"] = counter.counts() - before
+            assert lease is not None and lease.run_id == "claimed-0"
+            before = counter.counts()
+            leases = await store.aclaim_next_batch([Owner.here() for _ in range(3)])
+            costs["claim_next_batch"] = counter.counts() - before
+            assert [held.run_id for held in leases] == ["claimed-1", "claimed-2", "claimed-3"]
+            before = counter.counts()
+            assert await store.arelease(lease, at_seq=2, inbox_len=0)
+            costs["release"] = counter.counts() - before
+            assert await store.aholder(lease.run_id) is None
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
+    for name, cost in costs.items():
+        assert cost.transactions == 1 and cost.statements == 1 and cost.round_trips == 1, (name, cost)

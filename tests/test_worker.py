@@ -99,6 +99,34 @@ def test_a_worker_drives_20_submitted_runs_to_completion(
     store.close()
 
 
+def test_a_postgres_worker_fills_its_free_slots_with_one_batch_claim(pg_dsn: str, tmp_path: Path) -> None:
+    import psycopg
+
+    store = open_test_store(pg_dsn)
+    store.migrate()  # type: ignore[attr-defined]
+    with psycopg.connect(libpq(pg_dsn), autocommit=True) as conn:
+        conn.execute("TRUNCATE runs, entries, inbox")
+    agent = _adder(store, ExecutionLog(tmp_path / "exec.jsonl"))
+    ids = [agent.submit(f"add {i}").id for i in range(10)]
+    batches: list[int] = []
+    real_batch = store.aclaim_next_batch  # type: ignore[attr-defined]
+
+    async def batch(owners: Any, *args: Any, **kwargs: Any) -> Any:
+        batches.append(len(owners))
+        return await real_batch(owners, *args, **kwargs)
+
+    async def single(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a worker on PostgresStore claims in batches")
+
+    store.aclaim_next_batch = batch  # type: ignore[attr-defined]
+    store.aclaim_next = single  # type: ignore[method-assign]
+    worker = Worker([agent], store, concurrency=4, poll_interval=0.2)
+    worker.run(stop_when_idle=True)
+    assert all(store.load(run_id).status == "completed" for run_id in ids) and worker.claimed == 10
+    assert batches[0] == 4  # the four free slots at the start: one statement
+    store.close()
+
+
 def test_a_worker_with_two_agents_matches_runs_by_name(url: str, tmp_path: Path) -> None:
     store = open_test_store(url)
     log = ExecutionLog(tmp_path / "exec.jsonl")

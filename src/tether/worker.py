@@ -1,11 +1,12 @@
 """Worker: claims runs that need work through store leases and drives them (DESIGN 11).
 
-A worker claims, with ``store.claim_next``, the root of a tree that needs work for one of its agents (a
-run submitted and not started, a ``running`` run no one holds, a run with unconsumed inbox items, a
-``waiting`` root whose child moved on), drives it to its next stop with ``agent.adrive`` while the driver
-renews the lease, and releases it. Up to ``concurrency`` runs are driven at once. It wakes on the store's
-``wait_for_work`` (PostgreSQL LISTEN/NOTIFY) where there is one, and polls every ``poll_interval`` seconds
-in any case, so it works on every store with ``claim_next`` (SQLiteStore, PostgresStore, MemoryStore).
+A worker claims, with ``store.claim_next`` (``claim_next_batch`` where the store has it), the root of a
+tree that needs work for one of its agents (a run submitted and not started, a ``running`` run no one
+holds, a run with unconsumed inbox items, a ``waiting`` root whose child moved on), drives it to its next
+stop with ``agent.adrive`` while the driver renews the lease, and releases it. Up to ``concurrency`` runs
+are driven at once. It wakes on the store's ``wait_for_work`` (PostgreSQL LISTEN/NOTIFY) where there is
+one, and polls every ``poll_interval`` seconds in any case, so it works on every store with
+``claim_next`` (SQLiteStore, PostgresStore, MemoryStore).
 
 Child runs are never claimed: their root's driver reaches them. On ``stop()`` (and SIGTERM with
 ``install_signal_handlers=True``) the worker stops claiming and cancels its drives as ``handle_sigterm``
@@ -112,6 +113,7 @@ class Worker:
         self._stop_requested = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self._freed: asyncio.Event | None = None  # set when a drive ends
         self._tasks: dict[asyncio.Task[None], str] = {}
 
     def __repr__(self) -> str:
@@ -145,7 +147,7 @@ class Worker:
             stop_when_idle: return when no run needs work and no drive is in progress.
         """
         loop = asyncio.get_running_loop()
-        self._loop, self._wake, self._tasks = loop, asyncio.Event(), {}
+        self._loop, self._wake, self._freed, self._tasks = loop, asyncio.Event(), asyncio.Event(), {}
         if install_signal_handlers:
             loop.add_signal_handler(signal.SIGTERM, self.stop)
         work = asyncio.Event()  # set by the waiting thread: a NOTIFY, or a poll interval passed
@@ -156,14 +158,14 @@ class Worker:
         try:
             while not self._stop_requested.is_set():
                 work.clear()  # before claiming: a wake-up that comes meanwhile makes the next wait return
+                self._freed.clear()  # likewise a drive that ends meanwhile
                 idle = await self._claim_while_free()
                 if self._stop_requested.is_set() or (stop_when_idle and idle and not self._tasks):
                     break
-                waits = {asyncio.ensure_future(self._wake.wait()), *self._tasks}
-                if len(self._tasks) < self.concurrency:
-                    waits.add(asyncio.ensure_future(work.wait()))
+                events = [self._wake, self._freed] + ([work] if len(self._tasks) < self.concurrency else [])
+                waits = {asyncio.ensure_future(event.wait()) for event in events}  # not each drive's task
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                for future in waits - set(self._tasks):
+                for future in waits:
                     future.cancel()
         finally:
             self._stop_requested.set()
@@ -217,13 +219,27 @@ class Worker:
     async def _claim_while_free(self) -> bool:
         """Claim until ``concurrency`` drives run or none needs work; True when none needed work.
 
-        The free slots are claimed for together (up to ``_CLAIMS_AT_ONCE`` claims at a time, each its own
-        ``claim_next``), so a store that commits concurrent writes together (SQLiteStore's group commit,
-        PostgreSQL's) fills them in a few commits rather than one after another.
+        The free slots are claimed for together: in one statement on a store with ``aclaim_next_batch``
+        (PostgresStore), else up to ``_CLAIMS_AT_ONCE`` claims at a time, each its own ``claim_next``, so a
+        store that commits concurrent writes together (SQLiteStore's group commit) fills them in a few
+        commits rather than one after another.
         """
         names = list(self.agents)
         ttl = self.lease_ttl if self.lease_ttl is not None else self.store.ttl
+        batch = getattr(self.store, "aclaim_next_batch", None)
         while len(self._tasks) < self.concurrency and not self._stop_requested.is_set():
+            if callable(batch):
+                wanted = self.concurrency - len(self._tasks)
+                try:
+                    leases = await batch([Owner.here() for _ in range(wanted)], ttl, agents=names)
+                except Exception as exc:  # a store that is down: try again at the next wake-up or poll
+                    log.warning("%s could not claim a run: %s", self.name, exc)
+                    return False
+                for lease in leases:
+                    self._start_drive(lease)
+                if len(leases) < wanted:
+                    return True
+                continue
             wanted = min(self.concurrency - len(self._tasks), _CLAIMS_AT_ONCE)
             claims = [self.store.aclaim_next(Owner.here(), ttl, agents=names) for _ in range(wanted)]
             outcomes = await asyncio.gather(*claims, return_exceptions=True)
@@ -255,6 +271,8 @@ class Worker:
 
     def _drive_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
+        if self._freed is not None:
+            self._freed.set()  # a slot is free: the loop claims again
         if self._wake is not None and self._stop_requested.is_set():
             self._wake.set()
 

@@ -9,6 +9,7 @@ committed: the attempt settles that outcome). The SQL text of each statement is 
 from __future__ import annotations
 
 import builtins
+import functools
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ __all__ = [
     "append",
     "claim",
     "claim_next",
+    "claim_next_batch",
     "create",
     "free",
     "post",
@@ -130,26 +132,38 @@ async def _current_lease(cx: Cx, t: Tables, run_id: str, owner: Owner, ttl: floa
     return Lease(run_id, int(found[0]) if found else 0, owner, found[1] if found else None, ttl)
 
 
-def _append_sql(t: Tables) -> str:
-    """An append in one statement (so one transaction): the fence, an UPDATE of the run's row, and the
-    INSERT of the entries only when the fence matched, returning the inbox's length read at the fence (the
-    row locked). No row: the fence matched nothing, and nothing was written."""
+_ROWS_AS_VALUES = 8
+"""Appends of up to this many entries bind each entry's seq and body as parameters of their own (a VALUES
+list, sent binary); longer ones bind two arrays (``unnest``), which psycopg sends as text."""
+
+
+@functools.lru_cache(maxsize=64)
+def _append_sql(t: Tables, n: int) -> str:
+    """An append of ``n`` entries in one statement (so one transaction): the fence, an UPDATE of the run's
+    row, and the INSERT of the entries only when the fence matched, returning the inbox's length read at the
+    fence (the row locked). No row: the fence matched nothing, and nothing was written. One text per
+    ``n`` up to ``_ROWS_AS_VALUES`` (each prepared once per connection by psycopg)."""
+    rows = ("(VALUES " + ", ".join(["(%s::int, %s::bytea)"] * n) + ")") if n <= _ROWS_AS_VALUES else (
+        "unnest(%s::int[], %s::bytea[])")  # fmt: skip
     return (
         f"WITH fence AS (UPDATE {t.runs} SET {SET_LISTING}, length = %s, inbox_consumed = %s WHERE id = %s AND "
         f"length = %s AND lease_token = %s AND {LIVE} RETURNING id, inbox_len), written AS (INSERT INTO "
-        f"{t.entries} (run_id, seq, body) SELECT fence.id, e.seq, e.body FROM fence, unnest(%s::int[], "
-        "%s::bytea[]) AS e (seq, body)) SELECT inbox_len FROM fence"
+        f"{t.entries} (run_id, seq, body) SELECT fence.id, e.seq, e.body FROM fence, {rows} AS e (seq, body)) "
+        "SELECT inbox_len FROM fence"
     )
 
 
 async def _fenced_write(cx: Cx, t: Tables, run_id: str, at: int, new: Sequence[j.Entry], lease_token: int | None,
                         listing: tuple[Any, ...], consumed: int) -> int | None:  # fmt: skip
     """The fenced append of ``new`` at ``at``: the inbox's length, or None when the fence matched no row."""
-    found = await cx.one(
-        _append_sql(t),
-        (*listing, at + len(new), consumed, run_id, at, lease_token,
-         [entry.seq for entry in new], [j.encode_entry(entry, run_id) for entry in new]),
-    )  # fmt: skip
+    rows: builtins.list[Any] = []
+    if len(new) <= _ROWS_AS_VALUES:
+        for entry in new:
+            rows += (entry.seq, j.encode_entry(entry, run_id))
+    else:
+        rows = [[entry.seq for entry in new], [j.encode_entry(entry, run_id) for entry in new]]
+    found = await cx.one(_append_sql(t, len(new)),
+                         (*listing, at + len(new), consumed, run_id, at, lease_token, *rows))  # fmt: skip
     return None if found is None else int(found[0])
 
 
@@ -280,22 +294,70 @@ async def claim(cx: Cx, t: Tables, retry: int, run_id: str, owner: Owner, ttl: f
         return await take(cx, t, run_id, owner, ttl)  # type: ignore[return-value]
 
 
+def _claim_sql(t: Tables, only: str) -> str:
+    """A claim in one statement (autocommit: one transaction, one round trip): the oldest free root needing
+    work, locked ``FOR UPDATE SKIP LOCKED`` (a root another claim is taking is passed over), gets a new
+    token, owner and expiry; returns its id, token and expiry. No row: none was free."""
+    return (
+        f"UPDATE {t.runs} SET lease_token = lease_token + 1, lease_owner = %s, lease_expires_at = now() + "
+        f"make_interval(secs => %s) WHERE id = (SELECT id FROM {t.runs} AS r WHERE {WORK} AND {FREE} AND "
+        f"{t.needs}{only} ORDER BY updated_at, id LIMIT 1 FOR UPDATE OF r SKIP LOCKED) RETURNING id, "
+        f"lease_token, {EPOCH}"
+    )
+
+
 async def claim_next(cx: Cx, t: Tables, retry: int, owner: Owner, ttl: float,
                      names: Collection[str] | None) -> Lease | None:  # fmt: skip
-    """``Store.claim_next``: one short transaction, ``FOR UPDATE SKIP LOCKED`` on the oldest free root needing
-    work, then a new token and expiry. A root held by a dead process of this host is taken too
-    (compare-and-swap on its token)."""
+    """``Store.claim_next``: one statement (``_claim_sql``) takes the oldest free root needing work. When
+    none is free, a root held by a dead process of this host is taken (compare-and-swap on its token)."""
     only, params = ("", []) if names is None else (" AND agent = ANY(%s)", [builtins.list(names)])
     if retry:  # a claim whose COMMIT was cut off: is a root held by this owner?
         found = await cx.one(f"SELECT id FROM {t.runs} WHERE parent_id IS NULL AND lease_owner = %s AND {LIVE}",
                              (as_json(owner.to_dict()),))  # fmt: skip
         if found is not None:
             return await _current_lease(cx, t, found[0], owner, ttl)
-    async with cx.transaction():
-        found = await cx.one(f"SELECT id FROM {t.runs} AS r WHERE {WORK} AND {FREE} AND {t.needs}{only} "
-                             "ORDER BY updated_at, id LIMIT 1 FOR UPDATE OF r SKIP LOCKED", params)  # fmt: skip
-        if found is not None:
-            return await take(cx, t, found[0], owner, ttl)
+    found = await cx.one(_claim_sql(t, only), [as_json(owner.to_dict()), ttl, *params])
+    if found is not None:
+        return Lease(found[0], int(found[1]), owner, found[2], ttl)
+    return await _take_from_dead(cx, t, owner, ttl, only, params)
+
+
+def _claim_batch_sql(t: Tables, only: str) -> str:
+    """``_claim_sql`` for up to ``n`` roots at once (one statement): the oldest free ones needing work, each
+    locked ``FOR UPDATE SKIP LOCKED``, numbered from 0, the one numbered i given the owner at index i of
+    the owners' JSON array. Returns each root's id, token, expiry and number."""
+    return (
+        f"WITH picked AS (SELECT id, row_number() OVER () - 1 AS n FROM (SELECT id FROM {t.runs} AS r WHERE "
+        f"{WORK} AND {FREE} AND {t.needs}{only} ORDER BY updated_at, id LIMIT %s FOR UPDATE OF r SKIP LOCKED) "
+        f"AS free) UPDATE {t.runs} AS u SET lease_token = u.lease_token + 1, lease_owner = %s::jsonb -> "
+        "picked.n::int, lease_expires_at = now() + make_interval(secs => %s) FROM picked WHERE u.id = picked.id "
+        f"RETURNING u.id, u.lease_token, {EPOCH}, picked.n"
+    )
+
+
+async def claim_next_batch(cx: Cx, t: Tables, retry: int, owners: Sequence[Owner], ttl: float,
+                           names: Collection[str] | None) -> builtins.list[Lease]:  # fmt: skip
+    """``PostgresStore.claim_next_batch``: up to one root per owner, in one statement (``_claim_batch_sql``);
+    none free: a root held by a dead process of this host, as ``claim_next`` takes it."""
+    only, params = ("", []) if names is None else (" AND agent = ANY(%s)", [builtins.list(names)])
+    if retry:  # a batch whose COMMIT was cut off: the roots held by its owners are its claims
+        mine = {owner.writer: owner for owner in owners}
+        found = await cx.all(f"SELECT id, lease_token, {EPOCH}, lease_owner->>'writer' FROM {t.runs} WHERE "
+                             f"parent_id IS NULL AND lease_owner->>'writer' = ANY(%s) AND {LIVE}",
+                             (builtins.list(mine),))  # fmt: skip
+        if found:
+            return [Lease(run_id, int(token), mine[writer], at, ttl) for run_id, token, at, writer in found]
+    claimed = await cx.all(_claim_batch_sql(t, only), [*params, len(owners),
+                           as_json([owner.to_dict() for owner in owners]), ttl])  # fmt: skip
+    if claimed:
+        return [Lease(run_id, int(token), owners[n], at, ttl) for run_id, token, at, n in claimed]
+    lease = await _take_from_dead(cx, t, owners[0], ttl, only, params)
+    return [] if lease is None else [lease]
+
+
+async def _take_from_dead(cx: Cx, t: Tables, owner: Owner, ttl: float, only: str,
+                          params: builtins.list[Any]) -> Lease | None:  # fmt: skip
+    """A root needing work held by a process of this host that is dead, taken (compare-and-swap)."""
     held = await cx.all(  # held by a process of this host: taken at once if that process is dead
         f"SELECT id, lease_token, lease_owner FROM {t.runs} AS r WHERE {WORK} AND {LIVE} AND "
         "lease_owner->>'host' = %s AND (status = 'running' OR inbox_len > inbox_consumed + 1)"
@@ -316,14 +378,15 @@ async def renew(cx: Cx, t: Tables, lease: Lease, ttl: float) -> Lease:
 
 
 async def free(cx: Cx, t: Tables, lease: Lease, condition: str, params: Sequence[Any]) -> bool:
-    """Drop the lease where ``condition`` holds; NOTIFY when the run is left needing work."""
-    async with cx.transaction():
-        found = await cx.one(f"UPDATE {t.runs} SET lease_owner = NULL, lease_expires_at = NULL WHERE id = %s AND "
-                             f"lease_token = %s{condition} RETURNING status = 'running' OR inbox_len > "
-                             "inbox_consumed + 1, coalesce(root_id, id)", (lease.run_id, lease.token, *params))  # fmt: skip
-        if found is not None and found[0]:
-            await _notify(cx, found[1])
-        return found is not None or (await row(cx, t, lease.run_id, "lease_token"))[0] != lease.token
+    """Drop the lease where ``condition`` holds, NOTIFY when the run is left needing work: one statement. No
+    row: whether the lease was lost already (its token moved on) is read after."""
+    found = await cx.one(
+        f"WITH freed AS (UPDATE {t.runs} SET lease_owner = NULL, lease_expires_at = NULL WHERE id = %s AND "
+        f"lease_token = %s{condition} RETURNING status = 'running' OR inbox_len > inbox_consumed + 1 AS needs, "
+        "coalesce(root_id, id) AS root) SELECT CASE WHEN needs THEN pg_notify(%s, root) END FROM freed",
+        (lease.run_id, lease.token, *params, CHANNEL),
+    )  # one statement in autocommit: the NOTIFY goes out with its commit
+    return found is not None or (await row(cx, t, lease.run_id, "lease_token"))[0] != lease.token
 
 
 # --------------------------------------------------------------------------------------------------

@@ -65,8 +65,15 @@ def clean(value: Any) -> Any:
     return [*map(clean, value)] if isinstance(value, builtins.list | tuple) else value
 
 
+def _dumps(value: Any) -> bytes:
+    """JSON bytes of ``value`` without NUL characters (``clean``, only when its JSON holds an escaped one)."""
+    data = orjson.dumps(value, default=str)
+    return orjson.dumps(clean(value), default=str) if b"\\u0000" in data else data
+
+
 def as_json(value: Any) -> Jsonb:
-    return Jsonb(clean(value), dumps=lambda obj: orjson.dumps(obj, default=str).decode())
+    """``value`` as a JSONB parameter, NUL characters dropped (``clean``)."""
+    return Jsonb(value, dumps=_dumps)
 
 
 def holding(raw: Any, live: bool) -> Owner | None:

@@ -410,6 +410,26 @@ class PostgresStore(Store):
         attempt = self._claim_next(owner, ttl, agents)
         return None if attempt is None else await self._arun(attempt)
 
+    def _claim_next_batch(self, owners: Sequence[Owner], ttl: float | None,
+                          agents: Collection[str] | None) -> Attempt[builtins.list[Lease]] | None:  # fmt: skip
+        names = None if agents is None else [str(a) for a in agents]
+        if not owners or (names is not None and not names):
+            return None
+        ttl, owners = self.ttl if ttl is None else ttl, builtins.list(owners)
+        return lambda cx, retry: p.claim_next_batch(cx, self._t, retry, owners, ttl, names)  # type: ignore[arg-type]
+
+    def claim_next_batch(self, owners: Sequence[Owner], ttl: float | None = None,
+                         agents: Collection[str] | None = None) -> builtins.list[Lease]:  # fmt: skip
+        """``claim_next`` for several owners in one statement (a Worker's free slots, one commit): up to one
+        root per owner (fewer: no more were free), each held by the owner it is paired with (``Lease.owner``)."""
+        attempt = self._claim_next_batch(owners, ttl, agents)
+        return [] if attempt is None else self._run(attempt)
+
+    async def aclaim_next_batch(self, owners: Sequence[Owner], ttl: float | None = None,
+                                agents: Collection[str] | None = None) -> builtins.list[Lease]:  # fmt: skip
+        attempt = self._claim_next_batch(owners, ttl, agents)
+        return [] if attempt is None else await self._arun(attempt)
+
     def _renew(self, lease: Lease) -> tuple[Attempt[Lease], float]:
         ttl = lease.ttl if lease.ttl is not None else self.ttl or 30.0
         return (lambda cx, _: p.renew(cx, self._t, lease, ttl)), ttl / 4  # the renewer tries again after

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import itertools
 import json
 import os
@@ -76,6 +77,8 @@ def _store(kind: str, where: str) -> Any:
         return SQLiteStore(Path(where) / "runs.db")
     from tether import PostgresStore
 
+    if "schema" not in inspect.signature(PostgresStore).parameters:  # a tree before issue 21: the search_path
+        where = where.replace("schema=", "options=-csearch_path%3D")
     return PostgresStore(where, pool_max=int(os.environ.get("TETHER_BENCH_POOL_MAX", "20")))
 
 

@@ -82,3 +82,47 @@ def test_a_lease_lost_while_the_drive_closes_is_raised_as_a_lease_loss(
         agent.run("go", id="lost-while-closing")
     assert store.reported.is_set() and store.closing.is_set()  # the order this test is about happened
     assert Agent(ScriptedModel(["Fine."])).run("next").status == "completed"  # the thread's runner works
+
+
+class _RenewedWhileReleasing(MemoryStore):
+    """A ttl store whose ``release`` returns only once a renewal has run after the lease was let go.
+
+    That renewal finds no lease (it was released), as the renewal thread can at any time while the drive
+    releases; it must not be taken for a lost lease.
+    """
+
+    ttl = 0.4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+        self.renewed_after = threading.Event()
+        self.renew_errors: list[BaseException] = []
+
+    def release(self, lease: Lease, *, at_seq: int, inbox_len: int) -> bool:
+        done = super().release(lease, at_seq=at_seq, inbox_len=inbox_len)
+        if done:
+            self.released.set()
+            assert self.renewed_after.wait(30), "no renewal ran after the release"
+        return done
+
+    def renew(self, lease: Lease) -> Lease:
+        after = self.released.is_set()
+        try:
+            return super().renew(lease)
+        except BaseException as exc:
+            self.renew_errors.append(exc)
+            raise
+        finally:
+            if after:
+                self.renewed_after.set()
+
+
+def test_a_renewal_that_runs_while_the_drive_releases_is_no_lost_lease() -> None:
+    store = _RenewedWhileReleasing()
+    agent = Agent(ScriptedModel(["Finished."]), store=store, poll_interval=0.05)
+    state = agent.run("go", id="renewed-while-releasing")  # raised LeaseLostError before the fix
+    assert state.status == "completed"
+    assert store.renewed_after.is_set()
+    assert [type(e) for e in store.renew_errors] == [LeaseLostError]  # the renewal found the lease let go
+    assert store.holder("renewed-while-releasing") is None

@@ -60,6 +60,7 @@ class Renewer:
         self.last_ok = time.monotonic()
         self.lost = False
         self.stopped = False
+        self.releasing = False  # the drive is letting the lease go: a renewal finding none is no loss
 
     def start(self) -> None:
         """Renew from now on, the first time ttl/4 from now."""
@@ -77,6 +78,8 @@ class Renewer:
             self.lease = self.store.renew(self.lease)
             self.last_ok = time.monotonic()
         except LeaseLostError:
+            if self.releasing:  # released meanwhile (the release's outcome says whether it was): stop
+                return False
             self.lost = True
         except Exception as exc:  # a failed renewal is retried; too many stop the drive below
             log.warning("renewing run %s failed: %s", self.lease.run_id, exc)

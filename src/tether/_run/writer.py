@@ -212,9 +212,18 @@ class Writer:
         """
         await self.flush()
         state = self.journal.state
-        return await self.store.arelease(
-            self.lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1
-        )
+        renewer = self.gate.renewer
+        if renewer is not None:  # a renewal that runs after the release finds no lease: not a loss
+            renewer.releasing = True
+        released = False
+        try:
+            released = await self.store.arelease(
+                self.lease, at_seq=len(state.history), inbox_len=state.inbox_consumed + 1
+            )
+            return released
+        finally:
+            if renewer is not None and not released:  # still held (the journal or inbox grew, or an error)
+                renewer.releasing = False
 
     async def give_up(self) -> None:
         """Abandon the lease (after an error); never raises."""

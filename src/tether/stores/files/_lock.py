@@ -9,15 +9,19 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import socket
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ... import journal as j
 from .. import _failpoints as fp
 from .._planner import check_batch
+
+if TYPE_CHECKING:
+    from .._records import Owner
 
 __all__ = [
     "UndoFailed",
@@ -31,6 +35,7 @@ __all__ = [
     "inode_of",
     "last_line",
     "link_new",
+    "lock_content",
     "names",
     "open_private",
     "pread_all",
@@ -325,3 +330,9 @@ def failpoints_before(fd: int, data: bytes, end: int, new: list[j.Entry]) -> Non
         pwrite_all(fd, data[:cut], end)
         os.fdatasync(fd)
         fp.die()
+
+
+def lock_content(owner: Owner, token: int) -> dict[str, Any]:
+    """What ``<id>.lock`` says of its holder: pid, host, since, writer and the lease token."""
+    host = owner.host or socket.gethostname()
+    return {"pid": owner.pid, "host": host, "since": owner.since, "writer": owner.writer, "token": token}

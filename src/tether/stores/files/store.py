@@ -35,7 +35,6 @@ import errno
 import fcntl
 import functools
 import os
-import socket
 import threading
 import uuid
 import weakref
@@ -56,7 +55,7 @@ from ...errors import (
 )
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
-from .._planner import Stored, plan_append, stored_entry
+from .._planner import plan_append
 from .._records import full_error, lease_lost_error, no_room
 from ..base import (
     Lease,
@@ -215,7 +214,7 @@ class FileStore(FileListing):
             if held is None:
                 return
             new = fh.relock(
-                run_id, held.inode, lpath, functools.partial(_lock_content, held.owner, held.token)
+                run_id, held.inode, lpath, functools.partial(fl.lock_content, held.owner, held.token)
             )
             if new is not None:
                 os.close(held.fd)  # the old inode's flock: no one else can reach that file any more
@@ -248,7 +247,7 @@ class FileStore(FileListing):
             cached = self._jtails.get(run_id)
             if cached is not None and ft.same(cached, st):
                 return cached
-            with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd, _lines_named(jpath):
+            with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd, ft.lines_named(jpath):
                 tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, os.fstat(fd), cached)
                 return tail
 
@@ -325,7 +324,7 @@ class FileStore(FileListing):
                 if owner is None or token is None:  # written so that a claim trusts the file (DURABILITY 4)
                     fl.write_lock(fd, {"token": fl.as_int(fl.read_lock(fd).get("token"))})
                     return None
-                fl.write_lock(fd, _lock_content(owner, token))
+                fl.write_lock(fd, fl.lock_content(owner, token))
                 self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)  # open while held
                 self._held[run_id] = Held(fd, token, owner, fl.inode_of(fd))
                 kept = True
@@ -394,7 +393,7 @@ class FileStore(FileListing):
         except CorruptJournalError as exc:
             raise ft.named(exc, jpath) from None
         n = tail.length
-        stored = functools.partial(_stored, run_id, fd, tail)
+        stored = functools.partial(ft.stored_range, run_id, fd, tail)
         new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
         if not new:
             return  # a retried append that was stored whole
@@ -449,7 +448,7 @@ class FileStore(FileListing):
             data = fl.pread_all(fd, st.st_size - base, base)
         first = cached.length if cached is not None else 0
         version = cached.version if cached is not None else None
-        with _lines_named(jpath):
+        with ft.lines_named(jpath):
             p = ft.parse_forward(run_id, data, base=base, seq=first, version=version, keep=True)
         if cached is not None and not p.info_line:
             p.info_line, p.last = cached.info_line, cached.last
@@ -540,7 +539,7 @@ class FileStore(FileListing):
                     os.unlink(lpath)
                     raise RunNotFoundError(run_id)
                 token = max(fl.as_int(fl.read_lock(fd).get("token")), self._journal_token(run_id, jpath)) + 1
-                fl.write_lock(fd, _lock_content(owner, token))
+                fl.write_lock(fd, fl.lock_content(owner, token))
                 if run_id not in self._jfds:  # open while held: a taker asks /proc who has it open
                     self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)
             except BaseException:
@@ -631,30 +630,6 @@ class FileStore(FileListing):
 # Helpers
 
 
-def _stored(run_id: str, fd: int, tail: ft.JTail, first: int, end: int) -> list[Stored]:
-    """The stored entries ``first <= seq < end`` of a retried append; the caller holds the journal's flock.
-
-    From the cached last append when it holds them all, else from one parse of the journal up to
-    ``tail.end`` (a retry of an older append: rare, and never on the path of a new append).
-    """
-    last = tail.last
-    if last and last[0].seq <= first and end <= last[-1].seq + 1:
-        found = last[first - last[0].seq : end - last[0].seq]
-    else:
-        data = fl.pread_all(fd, tail.end, 0)
-        found = ft.parse_forward(run_id, data, base=0, seq=0, version=None, keep=True).entries[first:end]
-    return [stored_entry(entry) for entry in found]
-
-
-@contextlib.contextmanager
-def _lines_named(jpath: str) -> Iterator[None]:
-    """A CorruptJournalError about one line names that line of ``jpath`` (``ft.named``)."""
-    try:
-        yield
-    except CorruptJournalError as exc:
-        raise ft.named(exc, jpath) from None
-
-
 def _full(run_id: str, path: str, exc: BaseException) -> StoreFullError:
     """The StoreFullError of a write to ``path`` that failed with ``ENOSPC`` or ``EDQUOT`` (``exc``)."""
     assert isinstance(exc, OSError)
@@ -663,8 +638,3 @@ def _full(run_id: str, path: str, exc: BaseException) -> StoreFullError:
 
 def _exists(run_id: str) -> ValueError:
     return ValueError(f"run {run_id} already exists. Fix: store.load({run_id!r}), or pick another id")
-
-
-def _lock_content(owner: Owner, token: int) -> dict[str, Any]:
-    host = owner.host or socket.gethostname()
-    return {"pid": owner.pid, "host": host, "since": owner.since, "writer": owner.writer, "token": token}

@@ -920,7 +920,7 @@ def test_prune_keeps_a_run_posted_to_after_the_listing_was_read(
             info=state.info(),
         )
         assert store.release(lease, at_seq=3, inbox_len=0)
-    stale = store._scan()
+    stale = store._catalog.scan()
     store.post("r1", {"type": "message", "role": "user", "content": []})  # after the listing was read
     monkeypatch.setattr(store, "_scan", lambda: stale)
     assert store.prune(timedelta(seconds=-60), dry_run=True) == ["r1", "r2"]  # what the stale listing says
@@ -932,7 +932,7 @@ def test_prune_keeps_a_run_posted_to_after_the_listing_was_read(
 def test_claim_next_checks_the_run_again_once_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = FileStore(tmp_path)
     state, lease = create(store, "r1", held=False)
-    stale = store._scan()  # r1 running, no holder: it needs work
+    stale = store._catalog.scan()  # r1 running, no holder: it needs work
     lease = store.claim("r1", Owner.here(writer_of(state).writer_id))
     writer_of(state).add(j.RunStopped, status="completed", answer="done")
     batch = writer_of(state).next_batch()

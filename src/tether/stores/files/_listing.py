@@ -1,7 +1,7 @@
 """Listing and removing the runs of a FileStore folder (see ``tether.stores.files``).
 
-``FileListing`` reads each run's listing record from its journal's tail block, and deletes runs (a tree's
-root first) under their locks; ``FileStore`` builds on it.
+``FileCatalog`` reads each run's listing record from its journal's tail block, and deletes runs (a tree's
+root first) under their locks; a ``FileStore`` makes one and delegates ``list``, ``delete`` and ``prune`` to it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ... import journal as j
 from ...errors import NewerFormatError, RunBusyError, RunNotFoundError
@@ -23,7 +23,6 @@ from .._listing import ListQuery
 from ..base import (
     Owner,
     RunInfo,
-    Store,
     as_cutoff,
     busy_error,
     check_prune_statuses,
@@ -33,7 +32,10 @@ from ..base import (
 from . import _lock as fl
 from . import _tail as ft
 
-__all__ = ["STRIPES", "FileListing", "Held", "owner_in"]
+if TYPE_CHECKING:
+    from ._tails import TailCache
+
+__all__ = ["STRIPES", "FileCatalog", "Held", "owner_in"]
 
 STRIPES = 64  # per-run thread locks, striped by run id
 
@@ -61,22 +63,29 @@ def owner_in(lpath: str) -> Owner | None:
     return Owner.from_dict(content) if content.get("pid") else None
 
 
-class FileListing(Store):
-    """The listing and removal half of ``FileStore``: ``list``, ``delete``, ``prune`` and their reads."""
+class _StoreFiles(Protocol):
+    """The members of a ``FileStore`` its catalog reads (``store.py`` imports this module, not the reverse)."""
 
-    if TYPE_CHECKING:  # kept by FileStore
-        path: str
-        _held: dict[str, Held]
-        _jlocks: builtins.list[threading.RLock]
-        _ilocks: builtins.list[threading.RLock]
-        _jtails: dict[str, ft.JTail]
-        _itails: dict[str, ft.ITail]
+    path: str
+    _held: dict[str, Held]
+    _jlocks: builtins.list[threading.RLock]
+    _ilocks: builtins.list[threading.RLock]
+    _tails: TailCache
 
-        def _paths(self, run_id: str) -> tuple[str, str, str]: ...
-        def _hidden_holder(self, run_id: str, fd: int, jpath: str, lpath: str) -> RunBusyError | None: ...
-        def _journal_tail(self, run_id: str, jpath: str) -> ft.JTail: ...
-        @staticmethod
-        def _open_run_file(run_id: str, path: str, flags: int) -> int: ...
+    def _paths(self, run_id: str) -> tuple[str, str, str]: ...
+    def _hidden_holder(self, run_id: str, fd: int, jpath: str, lpath: str) -> RunBusyError | None: ...
+    def holder(self, run_id: str) -> Owner | None: ...
+
+
+class FileCatalog:
+    """A FileStore's listing and removal: ``list``, ``delete``, ``prune`` and the reads they make.
+
+    It owns no state: it reads and locks runs through the ``FileStore`` it was made for (its folder, its
+    per-run thread locks, tail caches and held leases), which delegates those three methods to it.
+    """
+
+    def __init__(self, store: _StoreFiles) -> None:
+        self._store = store
 
     def list(
         self,
@@ -101,15 +110,17 @@ class FileListing(Store):
             cursor=cursor,
             metadata=metadata,
         )
-        return query.select(self._scan(), limit)
+        return query.select(self.scan(), limit)
 
-    def _scan(self) -> builtins.list[RunInfo]:
+    def scan(self) -> builtins.list[RunInfo]:
         """Every run's listing record (one tail block per journal), in no order."""
-        if not os.path.isdir(self.path):
-            if os.path.exists(self.path):
-                raise ValueError(f"store folder {self.path} is a file. Fix: point the store at a folder")
+        if not os.path.isdir(self._store.path):
+            if os.path.exists(self._store.path):
+                raise ValueError(
+                    f"store folder {self._store.path} is a file. Fix: point the store at a folder"
+                )
             return []  # looking at a store never creates it
-        with os.scandir(self.path) as it:
+        with os.scandir(self._store.path) as it:
             names = [e.name for e in it]
         infos: builtins.list[RunInfo] = []
         for name in names:
@@ -126,9 +137,9 @@ class FileListing(Store):
         return infos
 
     def _list_one(self, run_id: str) -> RunInfo | None:
-        jpath, ipath, _ = self._paths(run_id)
+        jpath, ipath, _ = self._store._paths(run_id)
         try:
-            tail = self._journal_tail(run_id, jpath)
+            tail = self._store._tails.journal(run_id, jpath)
             record = ft.tail_record(tail)  # no complete append at all: damaged
         except RunNotFoundError:
             return None  # deleted meanwhile
@@ -137,7 +148,7 @@ class FileListing(Store):
         except (OSError, ValueError, KeyError, TypeError):
             return RunInfo(run_id, None, "damaged", None, None, None, 0, None, None, None, None)
         try:
-            owner = self.holder(run_id)
+            owner = self._store.holder(run_id)
         except (OSError, RunNotFoundError):
             owner = None
         return RunInfo(
@@ -159,10 +170,10 @@ class FileListing(Store):
         )
 
     def delete(self, run_id: str, *, children: bool = False) -> None:
-        jpath, _, _ = self._paths(run_id)
+        jpath, _, _ = self._store._paths(run_id)
         if not os.path.lexists(jpath):
             raise RunNotFoundError(run_id)
-        ids = plan_delete(self._scan(), run_id, children)
+        ids = plan_delete(self.scan(), run_id, children)
         self._remove(ids, None)
 
     def prune(
@@ -175,7 +186,7 @@ class FileListing(Store):
     ) -> builtins.list[str]:
         wanted = check_prune_statuses(statuses)
         cutoff = as_cutoff(older_than)
-        trees = plan_prune(self._scan(), cutoff, wanted, children)
+        trees = plan_prune(self.scan(), cutoff, wanted, children)
         if dry_run:
             return [run_id for tree in trees for run_id in tree]
         out: builtins.list[str] = []
@@ -194,9 +205,9 @@ class FileListing(Store):
         indexes = sorted({hash(run_id) % STRIPES for run_id in run_ids})
         with contextlib.ExitStack() as stack:
             for index in indexes:
-                stack.enter_context(self._jlocks[index])
+                stack.enter_context(self._store._jlocks[index])
             for index in indexes:
-                stack.enter_context(self._ilocks[index])
+                stack.enter_context(self._store._ilocks[index])
             yield
 
     def _remove(
@@ -209,20 +220,20 @@ class FileListing(Store):
         False is returned; without it (delete), a busy run raises RunBusyError and a missing one
         RunNotFoundError. Journals go before inboxes, and each lock file goes only under its own lock.
         """
-        paths = {run_id: self._paths(run_id) for run_id in run_ids}
+        paths = {run_id: self._store._paths(run_id) for run_id in run_ids}
         locks: dict[str, int] = {}
         inboxes: builtins.list[int] = []
         with self._stripes(run_ids):
             try:
                 for run_id in run_ids:
                     jpath, _, lpath = paths[run_id]
-                    held = self._held.get(run_id)
+                    held = self._store._held.get(run_id)
                     fd = None if held is not None or not os.path.lexists(jpath) else fl.take_lock(lpath)
                     if fd is not None and not os.path.lexists(jpath):  # deleted meanwhile
                         os.unlink(lpath)
                         os.close(fd)
                         fd = None
-                    hidden = self._hidden_holder(run_id, fd, jpath, lpath) if fd is not None else None
+                    hidden = self._store._hidden_holder(run_id, fd, jpath, lpath) if fd is not None else None
                     if fd is not None and hidden is not None:  # its lock file was replaced under a holder
                         os.close(fd)
                         if still is not None:
@@ -238,12 +249,12 @@ class FileListing(Store):
                         raise busy_error(run_id, held.owner if held is not None else owner_in(lpath))
                 for run_id in run_ids:
                     try:
-                        ifd = self._open_run_file(run_id, paths[run_id][1], os.O_RDWR)
+                        ifd = fl.open_run_file(run_id, paths[run_id][1], os.O_RDWR)
                     except RunNotFoundError:
                         continue  # no inbox (removed by hand): the journal goes anyway
                     inboxes.append(ifd)
                     fcntl.flock(ifd, fcntl.LOCK_EX)
-                if still is not None and not still(self._fresh(run_ids)):
+                if still is not None and not still(self.fresh(run_ids)):
                     return False
                 for run_id in run_ids:  # the root first: a crash part-way leaves orphans, never a bare root
                     jpath, ipath, lpath = paths[run_id]
@@ -251,16 +262,16 @@ class FileListing(Store):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(ipath)
                     os.unlink(lpath)  # only ever under its own lock (DURABILITY 4)
-                fl.fsync_dir(self.path)
+                fl.fsync_dir(self._store.path)
                 return True
             finally:
                 for fd in [*inboxes, *locks.values()]:
                     os.close(fd)
                 for run_id in run_ids:
-                    self._jtails.pop(run_id, None)
-                    self._itails.pop(run_id, None)
+                    self._store._tails.journals.pop(run_id, None)
+                    self._store._tails.inboxes.pop(run_id, None)
 
-    def _fresh(self, run_ids: Iterable[str]) -> builtins.list[RunInfo]:
+    def fresh(self, run_ids: Iterable[str]) -> builtins.list[RunInfo]:
         """The runs' listing records read now, as if no one held them (the caller holds them)."""
         out = []
         for run_id in run_ids:

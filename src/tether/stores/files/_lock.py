@@ -9,15 +9,20 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import socket
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ... import journal as j
+from ...errors import RunNotFoundError
 from .. import _failpoints as fp
 from .._planner import check_batch
+
+if TYPE_CHECKING:
+    from .._records import Owner
 
 __all__ = [
     "UndoFailed",
@@ -31,8 +36,11 @@ __all__ = [
     "inode_of",
     "last_line",
     "link_new",
+    "lock_content",
+    "locked",
     "names",
     "open_private",
+    "open_run_file",
     "pread_all",
     "probe",
     "pwrite_all",
@@ -325,3 +333,32 @@ def failpoints_before(fd: int, data: bytes, end: int, new: list[j.Entry]) -> Non
         pwrite_all(fd, data[:cut], end)
         os.fdatasync(fd)
         fp.die()
+
+
+def lock_content(owner: Owner, token: int) -> dict[str, Any]:
+    """What ``<id>.lock`` says of its holder: pid, host, since, writer and the lease token."""
+    host = owner.host or socket.gethostname()
+    return {"pid": owner.pid, "host": host, "since": owner.since, "writer": owner.writer, "token": token}
+
+
+def open_run_file(run_id: str, path: str, flags: int) -> int:
+    """Open one of a run's files (never created here: a missing file is no such run).
+
+    Raises:
+        RunNotFoundError: the file does not exist.
+    """
+    try:
+        return os.open(path, flags | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise RunNotFoundError(run_id) from None
+
+
+@contextlib.contextmanager
+def locked(run_id: str, path: str, flags: int, how: int) -> Iterator[int]:
+    """Open a run's file (RunNotFoundError if missing) and hold ``flock(how)`` on it; closed after."""
+    fd = open_run_file(run_id, path, flags)
+    try:
+        fcntl.flock(fd, how)
+        yield fd
+    finally:
+        os.close(fd)

@@ -6,8 +6,10 @@ I/O of ``_lock``. The journal format they parse is described in ``store.py``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +17,7 @@ import orjson
 
 from ... import journal as j
 from ...errors import CorruptJournalError
+from .._planner import Stored, stored_entry
 from ._info import FULL_PREFIX, SHORT_PREFIX, is_listing, record
 from ._lock import BLOCK, pread_all
 
@@ -24,6 +27,7 @@ __all__ = [
     "JTail",
     "Parsed",
     "anchored",
+    "lines_named",
     "named",
     "parse_forward",
     "parse_inbox",
@@ -31,6 +35,7 @@ __all__ = [
     "refresh_journal",
     "same",
     "scan_tail",
+    "stored_range",
     "tail_record",
 ]
 
@@ -381,3 +386,27 @@ def refresh_inbox(run_id: str, fd: int, st: os.stat_result, cached: ITail | None
     found = parse_inbox(run_id, pread_all(fd, st.st_size, 0), 0, 0, strict=True)
     assert found is not None
     return ITail(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, found[2], found[0], found[1])
+
+
+def stored_range(run_id: str, fd: int, tail: JTail, first: int, end: int) -> list[Stored]:
+    """The stored entries ``first <= seq < end`` of a retried append; the caller holds the journal's flock.
+
+    From the cached last append when it holds them all, else from one parse of the journal up to
+    ``tail.end`` (a retry of an older append: rare, and never on the path of a new append).
+    """
+    last = tail.last
+    if last and last[0].seq <= first and end <= last[-1].seq + 1:
+        found = last[first - last[0].seq : end - last[0].seq]
+    else:
+        data = pread_all(fd, tail.end, 0)
+        found = parse_forward(run_id, data, base=0, seq=0, version=None, keep=True).entries[first:end]
+    return [stored_entry(entry) for entry in found]
+
+
+@contextlib.contextmanager
+def lines_named(jpath: str) -> Iterator[None]:
+    """A CorruptJournalError about one line names that line of ``jpath`` (``named``)."""
+    try:
+        yield
+    except CorruptJournalError as exc:
+        raise named(exc, jpath) from None

@@ -30,16 +30,17 @@ writes; ``torn_append`` writes about half of the append's bytes (cut inside a li
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import fcntl
 import functools
 import os
-import socket
 import threading
 import uuid
 import weakref
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,19 +57,22 @@ from ...errors import (
 )
 from ...inbox import InboxItem, make_item
 from .. import _failpoints as fp
-from .._planner import Stored, plan_append, stored_entry
+from .._planner import plan_append
 from .._records import full_error, lease_lost_error, no_room
 from ..base import (
     Lease,
     Owner,
+    RunInfo,
+    Store,
     busy_error,
     plan_claim_next,
 )
 from . import _holders as fh
 from . import _lock as fl
 from . import _tail as ft
-from ._info import full_record, listing_line, static_of
-from ._listing import STRIPES, FileListing, Held, owner_in
+from ._info import listing_line
+from ._listing import STRIPES, FileCatalog, Held, owner_in
+from ._tails import TailCache
 
 __all__ = ["FileStore"]
 
@@ -92,7 +96,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class FileStore(FileListing):
+class FileStore(Store):
     """Runs in a folder: one journal, one inbox and one lock file per run (see the module docstring).
 
     Args:
@@ -111,6 +115,7 @@ class FileStore(FileListing):
         self.path = str(Path(os.fspath(path)).expanduser().resolve())
         self._ready = False
         self._reset()
+        self._catalog = FileCatalog(self)
         _STORES[id(self)] = self
 
     def _reset(self) -> None:
@@ -118,9 +123,7 @@ class FileStore(FileListing):
         self._ilocks = [threading.RLock() for _ in range(STRIPES)]
         self._held: dict[str, Held] = {}
         self._jfds: dict[str, int] = {}
-        self._jtails: dict[str, ft.JTail] = {}
-        self._itails: dict[str, ft.ITail] = {}
-        self._fulls: dict[str, tuple[bytes, tuple[Any, ...] | None]] = {}  # see _last_static
+        self._tails = TailCache(self._jlock)
 
     def __repr__(self) -> str:
         return f"FileStore({self.path!r})"
@@ -171,7 +174,7 @@ class FileStore(FileListing):
     def _drop(self, run_id: str) -> None:
         """Stop holding the run: close its journal fd and its lock fd (the kernel drops the flock)."""
         held = self._held.pop(run_id, None)
-        self._fulls.pop(run_id, None)
+        self._tails.fulls.pop(run_id, None)
         for fd in (self._jfds.pop(run_id, None), held.fd if held else None):
             if fd is not None:
                 with contextlib.suppress(OSError):
@@ -215,65 +218,11 @@ class FileStore(FileListing):
             if held is None:
                 return
             new = fh.relock(
-                run_id, held.inode, lpath, functools.partial(_lock_content, held.owner, held.token)
+                run_id, held.inode, lpath, functools.partial(fl.lock_content, held.owner, held.token)
             )
             if new is not None:
                 os.close(held.fd)  # the old inode's flock: no one else can reach that file any more
                 held.fd, held.inode = new, fl.inode_of(new)
-
-    @staticmethod
-    def _open_run_file(run_id: str, path: str, flags: int) -> int:
-        try:
-            return os.open(path, flags | os.O_CLOEXEC)  # never O_CREAT: ENOENT is no such run
-        except FileNotFoundError:
-            raise RunNotFoundError(run_id) from None
-
-    @contextlib.contextmanager
-    def _locked(self, run_id: str, path: str, flags: int, how: int) -> Iterator[int]:
-        """Open a run's file (RunNotFoundError if missing) and hold ``flock(how)`` on it; closed after."""
-        fd = self._open_run_file(run_id, path, flags)
-        try:
-            fcntl.flock(fd, how)
-            yield fd
-        finally:
-            os.close(fd)
-
-    def _journal_tail(self, run_id: str, jpath: str) -> ft.JTail:
-        """The journal's tail state: one ``stat`` when cached and unchanged, else one tail block."""
-        with self._jlock(run_id):
-            try:
-                st = os.stat(jpath)
-            except FileNotFoundError:
-                raise RunNotFoundError(run_id) from None
-            cached = self._jtails.get(run_id)
-            if cached is not None and ft.same(cached, st):
-                return cached
-            with self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd, _lines_named(jpath):
-                tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, os.fstat(fd), cached)
-                return tail
-
-    def _last_static(self, run_id: str, tail: ft.JTail) -> tuple[Any, ...] | None:
-        """The ``STATIC`` fields of the journal's last full listing line, or None (then the next line is a
-        full one).
-
-        Decoded once per line: they are kept with the line they came from (the tail carries the same
-        bytes object from append to append until a full line is written again).
-        """
-        line = tail.full_line
-        seen = self._fulls.get(run_id)
-        if seen is not None and seen[0] is line:
-            return seen[1]
-        try:
-            found = static_of(full_record(line)) if line else None
-        except (ValueError, KeyError, TypeError):
-            found = None
-        self._fulls[run_id] = (line, found)
-        return found
-
-    def _inbox_locked(self, run_id: str, fd: int) -> ft.ITail:
-        """The inbox's state; the caller holds a flock on ``fd``."""
-        tail = self._itails[run_id] = ft.refresh_inbox(run_id, fd, os.fstat(fd), self._itails.get(run_id))
-        return tail
 
     # --------------------------------------------------------------------------------------------
     # Create, append, read
@@ -307,8 +256,8 @@ class FileStore(FileListing):
                 lines = [j.encode_entry(e, run_id) for e in entries]
                 info_line = listing_line(entries, lines, info, len(entries), token, None, 0)
                 data = fl.append_bytes(lines, info_line)
-                self._jtails.pop(run_id, None)
-                self._itails.pop(run_id, None)
+                self._tails.journals.pop(run_id, None)
+                self._tails.inboxes.pop(run_id, None)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(ipath)  # a leftover of a crashed create or delete
                 os.close(fl.open_private(ipath, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
@@ -321,12 +270,12 @@ class FileStore(FileListing):
                 parsed = ft.Parsed(
                     [], len(data), len(entries), version, info_line, entries, info_line, len(data)
                 )
-                self._jtails[run_id] = ft.JTail.of(st, parsed)
+                self._tails.journals[run_id] = ft.JTail.of(st, parsed)
                 if owner is None or token is None:  # written so that a claim trusts the file (DURABILITY 4)
                     fl.write_lock(fd, {"token": fl.as_int(fl.read_lock(fd).get("token"))})
                     return None
-                fl.write_lock(fd, _lock_content(owner, token))
-                self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)  # open while held
+                fl.write_lock(fd, fl.lock_content(owner, token))
+                self._jfds[run_id] = fl.open_run_file(run_id, jpath, os.O_RDWR)  # open while held
                 self._held[run_id] = Held(fd, token, owner, fl.inode_of(fd))
                 kept = True
                 return Lease(run_id, token, owner, None)
@@ -365,7 +314,7 @@ class FileStore(FileListing):
                 return inbox_len  # nothing to write (as plan_append says), and no lock to take for it
             fd = self._jfds.get(run_id)
             if fd is None:
-                fd = self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)
+                fd = self._jfds[run_id] = fl.open_run_file(run_id, jpath, os.O_RDWR)
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 self._append_locked(run_id, jpath, fd, list(entries), expected_seq, held.token, info)
@@ -390,17 +339,19 @@ class FileStore(FileListing):
                 "process and resume the run from a new one (its first append repairs the file)"
             )
         try:
-            tail = self._jtails[run_id] = ft.refresh_journal(run_id, fd, st, self._jtails.get(run_id))
+            tail = self._tails.journals[run_id] = ft.refresh_journal(
+                run_id, fd, st, self._tails.journals.get(run_id)
+            )
         except CorruptJournalError as exc:
             raise ft.named(exc, jpath) from None
         n = tail.length
-        stored = functools.partial(_stored, run_id, fd, tail)
+        stored = functools.partial(ft.stored_range, run_id, fd, tail)
         new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
         if not new:
             return  # a retried append that was stored whole
         end = tail.end
         lines = [j.encode_entry(e, run_id) for e in new]
-        last_static = self._last_static(run_id, tail)
+        last_static = self._tails.last_static(run_id, tail)
         info_line = listing_line(new, lines, info, n + len(new), token, last_static, end - tail.full_end)
         data = fl.append_bytes(lines, info_line)
         try:
@@ -409,14 +360,14 @@ class FileStore(FileListing):
                 fl.failpoints_before(fd, data, end, new)
             fl.write_at(fd, data, end)  # a failure is settled before the flock goes
         except fl.UndoFailed as exc:
-            self._jtails.pop(run_id, None)
+            self._tails.journals.pop(run_id, None)
             _BROKEN.add((st.st_dev, st.st_ino))
             raise StoreBrokenError(
                 f"run {run_id}: {exc.strerror}. Fix: stop this process and resume the run from a new one (its "
                 "first append repairs the file)"
             ) from exc.__cause__
         except BaseException as exc:
-            self._jtails.pop(run_id, None)
+            self._tails.journals.pop(run_id, None)
             if no_room(exc):
                 raise _full(run_id, jpath, exc) from exc
             raise
@@ -428,7 +379,7 @@ class FileStore(FileListing):
         if info_line.startswith(ft.INFO_PREFIX):
             full_line, full_end = info_line, after
         st = os.fstat(fd)
-        self._jtails[run_id] = ft.JTail(
+        self._tails.journals[run_id] = ft.JTail(
             st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, after, n + len(new), version, info_line, new,
             full_line, full_end,
         )  # fmt: skip
@@ -436,9 +387,9 @@ class FileStore(FileListing):
     def read(self, run_id: str, after_seq: int = -1) -> list[j.Entry]:
         jpath, _, _ = self._paths(run_id)
         since = max(after_seq + 1, 0)
-        with self._jlock(run_id), self._locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
+        with self._jlock(run_id), fl.locked(run_id, jpath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
             st = os.fstat(fd)  # copy the bytes under LOCK_SH; decode after, holding neither lock
-            seen = cached = self._jtails.get(run_id)
+            seen = cached = self._tails.journals.get(run_id)
             if cached is None or cached.version is None or since < cached.length:
                 cached = None  # read it all: only a whole pass checks the whole journal
             elif ft.same(cached, st):
@@ -449,18 +400,18 @@ class FileStore(FileListing):
             data = fl.pread_all(fd, st.st_size - base, base)
         first = cached.length if cached is not None else 0
         version = cached.version if cached is not None else None
-        with _lines_named(jpath):
+        with ft.lines_named(jpath):
             p = ft.parse_forward(run_id, data, base=base, seq=first, version=version, keep=True)
         if cached is not None and not p.info_line:
             p.info_line, p.last = cached.info_line, cached.last
         with self._jlock(run_id):
-            if self._jtails.get(run_id) is seen:  # not changed by an append meanwhile
-                self._jtails[run_id] = ft.JTail.of(st, p)
+            if self._tails.journals.get(run_id) is seen:  # not changed by an append meanwhile
+                self._tails.journals[run_id] = ft.JTail.of(st, p)
         return p.entries[since - first :]
 
     def length(self, run_id: str) -> int:
         jpath, _, _ = self._paths(run_id)
-        return self._journal_tail(run_id, jpath).length
+        return self._tails.journal(run_id, jpath).length
 
     # --------------------------------------------------------------------------------------------
     # Inbox
@@ -468,10 +419,10 @@ class FileStore(FileListing):
     def post(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int:
         jpath, ipath, _ = self._paths(run_id)
         item_id = item_id or str(item.get("item_id") or uuid.uuid4().hex)
-        with self._ilock(run_id), self._locked(run_id, ipath, os.O_RDWR, fcntl.LOCK_EX) as fd:
+        with self._ilock(run_id), fl.locked(run_id, ipath, os.O_RDWR, fcntl.LOCK_EX) as fd:
             if os.fstat(fd).st_nlink == 0 or not os.path.lexists(jpath):
                 raise RunNotFoundError(run_id)
-            tail = self._inbox_locked(run_id, fd)
+            tail = self._tails.inbox(run_id, fd)
             if item_id in tail.ids:
                 return tail.ids[item_id]
             n = len(tail.offsets)
@@ -480,7 +431,7 @@ class FileStore(FileListing):
                 fl.cut_torn(fd, tail.end, tail.size)  # a torn line goes first
                 fl.write_at(fd, line, tail.end)
             except OSError as exc:
-                self._itails.pop(run_id, None)
+                self._tails.inboxes.pop(run_id, None)
                 if no_room(exc):
                     raise _full(run_id, ipath, exc) from exc
                 raise
@@ -495,8 +446,8 @@ class FileStore(FileListing):
         _, ipath, lpath = self._paths(run_id)
         start = max(after_seq + 1, 0)
         self._keep_lock(run_id, lpath)  # the holder polls: a good time to see its lock file is still there
-        with self._ilock(run_id), self._locked(run_id, ipath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
-            tail = self._inbox_locked(run_id, fd)
+        with self._ilock(run_id), fl.locked(run_id, ipath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
+            tail = self._tails.inbox(run_id, fd)
             if start >= len(tail.offsets):
                 return []
             data = fl.pread_all(fd, tail.end - tail.offsets[start], tail.offsets[start])
@@ -517,11 +468,11 @@ class FileStore(FileListing):
                 st = os.stat(ipath)
             except FileNotFoundError:
                 raise RunNotFoundError(run_id) from None
-            cached = self._itails.get(run_id)
+            cached = self._tails.inboxes.get(run_id)
             if cached is not None and ft.same(cached, st):
                 return len(cached.offsets)
-            with self._locked(run_id, ipath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
-                return len(self._inbox_locked(run_id, fd).offsets)
+            with fl.locked(run_id, ipath, os.O_RDONLY, fcntl.LOCK_SH) as fd:
+                return len(self._tails.inbox(run_id, fd).offsets)
 
     # --------------------------------------------------------------------------------------------
     # Leases
@@ -540,9 +491,9 @@ class FileStore(FileListing):
                     os.unlink(lpath)
                     raise RunNotFoundError(run_id)
                 token = max(fl.as_int(fl.read_lock(fd).get("token")), self._journal_token(run_id, jpath)) + 1
-                fl.write_lock(fd, _lock_content(owner, token))
+                fl.write_lock(fd, fl.lock_content(owner, token))
                 if run_id not in self._jfds:  # open while held: a taker asks /proc who has it open
-                    self._jfds[run_id] = self._open_run_file(run_id, jpath, os.O_RDWR)
+                    self._jfds[run_id] = fl.open_run_file(run_id, jpath, os.O_RDWR)
             except BaseException:
                 os.close(fd)
                 raise
@@ -552,7 +503,7 @@ class FileStore(FileListing):
     def _journal_token(self, run_id: str, jpath: str) -> int:
         """The token in the journal's last listing line (0 when it cannot be read)."""
         try:
-            tail = self._journal_tail(run_id, jpath)
+            tail = self._tails.journal(run_id, jpath)
             return fl.as_int(ft.tail_record(tail).get("token")) if tail.info_line else 0
         except (ValueError, KeyError, TypeError, AttributeError):
             return 0
@@ -565,13 +516,15 @@ class FileStore(FileListing):
         The listing is read without locks, so each claimed root is checked again while held; one that no
         longer needs work is released and the next one tried.
         """
-        infos = self._scan()
+        infos = self._catalog.scan()
         for run_id in plan_claim_next(infos, agents):
             try:
                 lease = self.claim(run_id, owner)
             except (RunBusyError, RunNotFoundError):
                 continue
-            fresh = self._fresh([run_id, *(i.id for i in infos if i.root_id == run_id and i.id != run_id)])
+            fresh = self._catalog.fresh(
+                [run_id, *(i.id for i in infos if i.root_id == run_id and i.id != run_id)]
+            )
             if fresh and plan_claim_next(fresh, agents) == [run_id]:
                 return lease
             root = fresh[0] if fresh and fresh[0].id == run_id else None
@@ -592,9 +545,9 @@ class FileStore(FileListing):
             held = self._held.get(run_id)
             if held is None or held.token != lease.token:
                 return True  # nothing of ours to release
-            with self._locked(run_id, ipath, os.O_RDWR, fcntl.LOCK_EX) as ifd:
-                count = len(self._inbox_locked(run_id, ifd).offsets)
-                if self._journal_tail(run_id, jpath).length != at_seq or count != inbox_len:
+            with fl.locked(run_id, ipath, os.O_RDWR, fcntl.LOCK_EX) as ifd:
+                count = len(self._tails.inbox(run_id, ifd).offsets)
+                if self._tails.journal(run_id, jpath).length != at_seq or count != inbox_len:
                     return False
                 self._drop(run_id)  # unlock <id>.lock while holding the inbox's LOCK_EX (DURABILITY 2.2)
                 return True
@@ -619,6 +572,18 @@ class FileStore(FileListing):
             return None
         return Owner.from_dict(fl.read_lock(lpath))
 
+    # --------------------------------------------------------------------------------------------
+    # Listing and removal (``_listing.FileCatalog``)
+
+    def list(self, **filters: Any) -> builtins.list[RunInfo]:  # Store.list's keywords
+        return self._catalog.list(**filters)
+
+    def delete(self, run_id: str, *, children: bool = False) -> None:
+        self._catalog.delete(run_id, children=children)
+
+    def prune(self, older_than: datetime | timedelta | str, **options: Any) -> builtins.list[str]:
+        return self._catalog.prune(older_than, **options)  # Store.prune's statuses, children, dry_run
+
     def close(self) -> None:
         """Give up every run this object holds (closing their locks) and stop its idle I/O threads."""
         for run_id in list(self._held):
@@ -631,30 +596,6 @@ class FileStore(FileListing):
 # Helpers
 
 
-def _stored(run_id: str, fd: int, tail: ft.JTail, first: int, end: int) -> list[Stored]:
-    """The stored entries ``first <= seq < end`` of a retried append; the caller holds the journal's flock.
-
-    From the cached last append when it holds them all, else from one parse of the journal up to
-    ``tail.end`` (a retry of an older append: rare, and never on the path of a new append).
-    """
-    last = tail.last
-    if last and last[0].seq <= first and end <= last[-1].seq + 1:
-        found = last[first - last[0].seq : end - last[0].seq]
-    else:
-        data = fl.pread_all(fd, tail.end, 0)
-        found = ft.parse_forward(run_id, data, base=0, seq=0, version=None, keep=True).entries[first:end]
-    return [stored_entry(entry) for entry in found]
-
-
-@contextlib.contextmanager
-def _lines_named(jpath: str) -> Iterator[None]:
-    """A CorruptJournalError about one line names that line of ``jpath`` (``ft.named``)."""
-    try:
-        yield
-    except CorruptJournalError as exc:
-        raise ft.named(exc, jpath) from None
-
-
 def _full(run_id: str, path: str, exc: BaseException) -> StoreFullError:
     """The StoreFullError of a write to ``path`` that failed with ``ENOSPC`` or ``EDQUOT`` (``exc``)."""
     assert isinstance(exc, OSError)
@@ -663,8 +604,3 @@ def _full(run_id: str, path: str, exc: BaseException) -> StoreFullError:
 
 def _exists(run_id: str) -> ValueError:
     return ValueError(f"run {run_id} already exists. Fix: store.load({run_id!r}), or pick another id")
-
-
-def _lock_content(owner: Owner, token: int) -> dict[str, Any]:
-    host = owner.host or socket.gethostname()
-    return {"pid": owner.pid, "host": host, "since": owner.since, "writer": owner.writer, "token": token}

@@ -52,13 +52,13 @@ from . import _primitives as p
 from . import _schema
 from ._conn import AsyncCx, Cx, SyncCx
 from ._connect import first_connect
+from ._listen import Listener
 from ._sql import (
     CHANNEL,
     HAS_METADATA,
     LISTED,
     LIVE,
     SCHEMA_VERSION,
-    Conn,
     PostgresUnavailableError,
     Tables,
     as_json,
@@ -125,11 +125,11 @@ class PostgresStore(Store):
         params.setdefault("application_name", "tether")
         params["connect_timeout"] = str(max(1, round(connect_timeout)))
         self._conninfo = make_conninfo("", **params)
-        self._lock, self._listen_lock = threading.Lock(), threading.Lock()
+        self._lock = threading.Lock()
         self._pools: dict[int, ConnectionPool[Any]] = {}  # per process: a forked child makes its own
         self._apools: dict[asyncio.AbstractEventLoop, _LoopPool] = {}  # an async connection is its loop's
         self._ready_pid, self._closed = 0, False
-        self._listener: tuple[int, Conn] | None = None
+        self._listener = Listener(self._conninfo, self._identity)
 
     @property
     def identity(self) -> str:
@@ -262,14 +262,7 @@ class PostgresStore(Store):
             pool.close()
         for loop, mine in idle:
             self._close_idle_pool(loop, mine)
-        if self._listen_lock.acquire(timeout=0.1):  # else a waiter holds it: it closes the connection itself
-            try:
-                if self._listener is not None and self._listener[0] == os.getpid():
-                    with contextlib.suppress(Exception):
-                        self._listener[1].close()
-                self._listener = None
-            finally:
-                self._listen_lock.release()
+        self._listener.close()
         super().close()
 
     @staticmethod
@@ -484,32 +477,7 @@ class PostgresStore(Store):
         True at once: anything posted before it was not heard, so look now. A lost connection returns True
         too and is made again on the next call.
         """
-        with self._listen_lock:
-            if self._closed:
-                return False
-            if self._listener is None or self._listener[0] != os.getpid() or self._listener[1].closed:
-                try:
-                    conn = psycopg.Connection.connect(self._conninfo, autocommit=True)
-                    conn.execute(f"LISTEN {CHANNEL}")
-                except psycopg.OperationalError as exc:
-                    log.warning("listening on %s failed (%s); polling", self.identity, exc)
-                    time.sleep(min(timeout, 1.0))
-                    return True
-                self._listener = (os.getpid(), conn)
-                return True
-            conn, deadline, woken = self._listener[1], time.monotonic() + timeout, False
-            try:
-                while not woken and not self._closed and (left := deadline - time.monotonic()) > 0:
-                    woken = any(True for _ in conn.notifies(timeout=min(left, 1.0), stop_after=1))
-                while woken and not self._closed and any(True for _ in conn.notifies(timeout=0.001)):
-                    pass  # one wake-up for a burst
-            except psycopg.OperationalError as exc:
-                log.info("listening connection lost (%s); listening again", exc)
-                woken = True
-            if self._closed or conn.broken:
-                with contextlib.suppress(Exception):
-                    conn.close()
-            return woken
+        return self._listener.wait(timeout, lambda: self._closed)
 
     # --- Listing and removal
     def delete(self, run_id: str, *, children: bool = False) -> None:

@@ -57,16 +57,12 @@ from ..base import (
     busy_error,
     check_batch,
     check_prune_statuses,
-    delete_children_error,
-    delete_subagent_error,
-    pid_alive,
 )
-from ._schema import FREE as _FREE
+from . import _catalog
+from ._rows import fetch_all, fetch_one, holding, live, run_row
 from ._schema import HELD as _HELD
 from ._schema import INSERT_ENTRY as _INSERT_ENTRY
 from ._schema import INSERT_METADATA as _INSERT_METADATA
-from ._schema import LISTED as _LISTED
-from ._schema import METADATA_PAIR as _METADATA_PAIR
 from ._schema import MIGRATIONS as _MIGRATIONS
 from ._schema import NEXT as _NEXT
 from ._schema import SCHEMA_VERSION
@@ -98,31 +94,10 @@ _HELD_HERE = (
 """Held roots needing work whose holder is a process of this host (parameters: now, host)."""
 
 
-def _live(owner: str | None, expires: float | None, now: float) -> bool:
-    return owner is not None and (expires is None or expires > now)
-
-
-def _holding(raw: str | None, expires: float | None, now: float) -> Owner | None:
-    """The lease's owner while it holds: unexpired, and not a process of this host known to be dead."""
-    if not _live(raw, expires, now):
-        return None
-    owner = Owner.from_dict(orjson.loads(raw or "{}"))
-    return None if pid_alive(owner.pid, owner.host) is False else owner
-
-
-def _all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-    with contextlib.closing(conn.execute(sql, params)) as cur:  # never leave a statement open
-        return cur.fetchall()
-
-
-def _one(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
-    return next(iter(_all(conn, sql, params)), None)
-
-
 def _stored(conn: sqlite3.Connection, run_id: str, first: int, end: int) -> list[Stored]:
     """The stored entries ``first <= seq < end`` of a retried append, read in the append's transaction."""
     sql = "SELECT body FROM entries WHERE run_id = ? AND seq >= ? AND seq < ? ORDER BY seq"
-    return [stored_body(run_id, body) for (body,) in _all(conn, sql, (run_id, first, end))]
+    return [stored_body(run_id, body) for (body,) in fetch_all(conn, sql, (run_id, first, end))]
 
 
 class SQLiteStore(Store):
@@ -210,11 +185,11 @@ class SQLiteStore(Store):
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         """Bring the schema to ``SCHEMA_VERSION``, or refuse a newer one."""
-        version = _one(conn, "PRAGMA user_version")[0]
+        version = fetch_one(conn, "PRAGMA user_version")[0]
         if version == SCHEMA_VERSION:
             return
         with self._write():
-            version = _one(conn, "PRAGMA user_version")[0]
+            version = fetch_one(conn, "PRAGMA user_version")[0]
             if version > SCHEMA_VERSION:
                 raise TetherError(
                     f"{self.path} was written by a newer tether (schema {version}; this tether knows up to "
@@ -236,12 +211,6 @@ class SQLiteStore(Store):
         super().close()
 
     # --- Runs and the journal
-    def _row(self, conn: sqlite3.Connection, run_id: str, columns: str) -> Any:
-        row = _one(conn, f"SELECT {columns} FROM runs WHERE id = ?", (run_id,))
-        if row is None:
-            raise RunNotFoundError(run_id)
-        return row
-
     def _lease(
         self, run_id: str, token: int, owner: Owner, ttl: float | None
     ) -> tuple[str, float | None, Lease]:
@@ -347,8 +316,8 @@ class SQLiteStore(Store):
                 if fp.ACTIVE and fp.hits("torn_append", new):
                     fp.die()  # inside the transaction: SQLite rolls it back, all or nothing
                 return new, int(found[0][0])
-        n, token, owner, expires, inbox_len = self._row(conn, run_id, _HELD_AND_INBOX)
-        if lease_token != token or not _live(owner, expires, now):
+        n, token, owner, expires, inbox_len = run_row(conn, run_id, _HELD_AND_INBOX)
+        if lease_token != token or not live(owner, expires, now):
             raise lease_lost_error(run_id, lease_token, token)
         stored = functools.partial(_stored, conn, run_id)
         new = plan_append(run_id, entries, expected_seq=expected_seq, stored_length=n, stored=stored)
@@ -370,19 +339,19 @@ class SQLiteStore(Store):
         after_seq = max(after_seq, -1)
         conn = self._conn()
         if after_seq < 0:  # the whole journal (a load): one plain index scan, the bodies only
-            bodies = _all(conn, "SELECT body FROM entries WHERE run_id = ? ORDER BY seq", (run_id,))
+            bodies = fetch_all(conn, "SELECT body FROM entries WHERE run_id = ? ORDER BY seq", (run_id,))
             if not bodies:
-                self._row(conn, run_id, "1")
+                run_row(conn, run_id, "1")
                 return []
             return j.decode_journal(run_id, [body for (body,) in bodies])
-        rows = _all(
+        rows = fetch_all(
             conn,
             "SELECT seq, body FROM entries WHERE run_id = ? AND seq = 0 UNION ALL "
             "SELECT seq, body FROM entries WHERE run_id = ? AND seq > ? ORDER BY seq",
             (run_id, run_id, max(after_seq, 0)),
         )
         if not rows:
-            self._row(conn, run_id, "1")
+            run_row(conn, run_id, "1")
             return []
         first = orjson.loads(rows[0][1]) if rows[0][0] == 0 else {}  # run_started: the journal's version
         version = first.get("version")
@@ -396,19 +365,19 @@ class SQLiteStore(Store):
         return out
 
     def length(self, run_id: str) -> int:
-        return int(self._row(self._conn(), run_id, "length")[0])
+        return int(run_row(self._conn(), run_id, "length")[0])
 
     # --- The inbox
     def post(self, run_id: str, item: dict[str, Any], *, item_id: str | None = None) -> int:
         item_id = item_id or str(item.get("item_id") or uuid.uuid4().hex)
         made = make_item(item, inbox_seq=0, item_id=item_id)  # checks the type before any write
         with self._write(run_id) as conn:
-            found = _one(
+            found = fetch_one(
                 conn, "SELECT inbox_seq FROM inbox WHERE run_id = ? AND item_id = ?", (run_id, item_id)
             )
             if found is not None:
                 return int(found[0])
-            row = _one(
+            row = fetch_one(
                 conn, "UPDATE runs SET inbox_len = inbox_len + 1 WHERE id = ? RETURNING inbox_len", (run_id,)
             )
             if row is None:
@@ -423,22 +392,22 @@ class SQLiteStore(Store):
 
     def read_inbox(self, run_id: str, after_seq: int = -1) -> list[InboxItem]:
         conn = self._conn()
-        rows = _all(
+        rows = fetch_all(
             conn,
             "SELECT body FROM inbox WHERE run_id = ? AND inbox_seq > ? ORDER BY inbox_seq",
             (run_id, after_seq),
         )
         if not rows:
-            self._row(conn, run_id, "1")
+            run_row(conn, run_id, "1")
         return [InboxItem.from_dict(orjson.loads(body)) for (body,) in rows]
 
     def inbox_length(self, run_id: str) -> int:
-        return int(self._row(self._conn(), run_id, "inbox_len")[0])
+        return int(run_row(self._conn(), run_id, "inbox_len")[0])
 
     # --- Leases
     def _take(self, conn: sqlite3.Connection, run_id: str, owner: Owner, ttl: float | None) -> Lease:
         owner_json, expires, _ = self._lease(run_id, 0, owner, ttl)
-        (token,) = _one(
+        (token,) = fetch_one(
             conn,
             "UPDATE runs SET lease_token = lease_token + 1, lease_owner = ?, lease_expires_at = ? "
             "WHERE id = ? RETURNING lease_token",
@@ -448,8 +417,8 @@ class SQLiteStore(Store):
 
     def claim(self, run_id: str, owner: Owner, ttl: float | None = None) -> Lease:
         with self._write() as conn:
-            held, expires = self._row(conn, run_id, "lease_owner, lease_expires_at")
-            if holder := _holding(held, expires, time.time()):
+            held, expires = run_row(conn, run_id, "lease_owner, lease_expires_at")
+            if holder := holding(held, expires, time.time()):
                 raise busy_error(run_id, holder)
             return self._take(conn, run_id, owner, ttl)
 
@@ -469,14 +438,14 @@ class SQLiteStore(Store):
         only, named = ("", []) if names is None else (f" AND agent IN ({', '.join('?' * len(names))})", names)
 
         def take(conn: sqlite3.Connection) -> Lease | None:
-            row = _one(conn, _NEXT + only + " ORDER BY updated_at, id LIMIT 1", [now, now, *named])
+            row = fetch_one(conn, _NEXT + only + " ORDER BY updated_at, id LIMIT 1", [now, now, *named])
             if row is not None:
                 return self._take(conn, row[0], owner, ttl)
-            held = _all(
+            held = fetch_all(
                 conn, _HELD_HERE + only + " ORDER BY updated_at, id LIMIT 50", [now, owner.host, *named]
             )
             for run_id, raw, expires in held:
-                if _holding(raw, expires, now) is None:  # its holder is a dead process of this host
+                if holding(raw, expires, now) is None:  # its holder is a dead process of this host
                     return self._take(conn, run_id, owner, ttl)
             return None
 
@@ -506,7 +475,7 @@ class SQLiteStore(Store):
             )
             if cur.rowcount == 1:
                 return True
-            (token,) = self._row(conn, lease.run_id, "lease_token")
+            (token,) = run_row(conn, lease.run_id, "lease_token")
             return bool(token != lease.token)  # taken over: nothing of ours to release
 
         return self._writers.together(let_go, lease.run_id)  # committed with other writes waiting meanwhile
@@ -523,39 +492,14 @@ class SQLiteStore(Store):
             log.warning("abandoning run %s failed: %s", lease.run_id, exc)
 
     def holder(self, run_id: str) -> Owner | None:
-        held, expires = self._row(self._conn(), run_id, "lease_owner, lease_expires_at")
-        return _holding(held, expires, time.time())
+        held, expires = run_row(self._conn(), run_id, "lease_owner, lease_expires_at")
+        return holding(held, expires, time.time())
 
-    # --- Listing and removal
-    @staticmethod
-    def _remove(conn: sqlite3.Connection, run_ids: Sequence[str]) -> None:
-        """Delete runs; their entries and inbox go with them (``ON DELETE CASCADE``, ``foreign_keys=ON``)."""
-        conn.executemany("DELETE FROM runs WHERE id = ?", [(run_id,) for run_id in run_ids])
-
+    # --- Listing and removal (``_catalog``)
     def delete(self, run_id: str, *, children: bool = False) -> None:
         j.validate_run_id(run_id)
         with self._write() as conn:
-            parent_id, root_id = self._row(conn, run_id, "parent_id, root_id")
-            if parent_id is not None and _one(conn, "SELECT 1 FROM runs WHERE id = ?", (parent_id,)):
-                raise delete_subagent_error(run_id, parent_id, root_id)
-            kids = [
-                row[0]
-                for row in _all(
-                    conn,
-                    "WITH RECURSIVE tree(id) AS (SELECT id FROM runs WHERE parent_id = ? UNION "
-                    "SELECT runs.id FROM runs JOIN tree ON runs.parent_id = tree.id) SELECT id FROM tree",
-                    (run_id,),
-                )
-                if row[0] != run_id
-            ]
-            if kids and not children:
-                raise delete_children_error(run_id, len(kids))
-            now = time.time()
-            for rid in [run_id, *sorted(kids)]:
-                held, expires = self._row(conn, rid, "lease_owner, lease_expires_at")
-                if holder := _holding(held, expires, now):
-                    raise busy_error(rid, holder)
-            self._remove(conn, [run_id, *kids])
+            _catalog.delete(conn, run_id, children)
 
     def prune(
         self,
@@ -566,38 +510,9 @@ class SQLiteStore(Store):
         dry_run: bool = False,
     ) -> builtins.list[str]:
         """Delete old stopped trees (see ``Store.prune``) in one write transaction; return their ids."""
-        wanted = check_prune_statuses(statuses)
-        cutoff = as_cutoff(older_than)
-        now = time.time()
-        marks = ", ".join("?" * len(wanted))
-        stops = ", ".join(f"'{status}'" for status in j.STOP_STATUSES)
-        if children:
-            kids = (
-                "NOT EXISTS (SELECT 1 FROM runs AS c WHERE c.root_id = r.id AND c.id <> r.id AND "
-                f"(c.status NOT IN ({stops}) OR NOT (c.lease_owner IS NULL OR "
-                "COALESCE(c.lease_expires_at <= ?, 0))))"
-            )
-            kid_params: list[Any] = [now]
-        else:
-            kids = "NOT EXISTS (SELECT 1 FROM runs AS c WHERE c.root_id = r.id AND c.id <> r.id)"
-            kid_params = []
-        sql = (
-            f"SELECT id FROM runs AS r WHERE parent_id IS NULL AND status IN ({marks}) AND updated_at < ? "
-            f"AND {_FREE} AND inbox_len <= inbox_consumed + 1 AND {kids} ORDER BY updated_at, id"
-        )
+        wanted, cutoff = check_prune_statuses(statuses), as_cutoff(older_than)
         with self._write() as conn:
-            ids: builtins.list[str] = []
-            for (root,) in _all(conn, sql, [*wanted, cutoff, now, *kid_params]):
-                ids.append(root)
-                rows = _all(
-                    conn,
-                    "SELECT id FROM runs WHERE root_id = ? AND id <> ? ORDER BY updated_at, id",
-                    (root, root),
-                )
-                ids.extend(row[0] for row in rows)
-            if ids and not dry_run:
-                self._remove(conn, ids)
-        return ids
+            return _catalog.prune(conn, builtins.list(wanted), cutoff, children, dry_run)
 
     def list(
         self,
@@ -622,36 +537,4 @@ class SQLiteStore(Store):
             cursor=cursor,
             metadata=metadata,
         )
-        here = query.cursor
-        where: builtins.list[str] = [f"{column} = ?" for column in query.equal]
-        params: builtins.list[Any] = list(query.equal.values())
-        where += [_METADATA_PAIR] * len(query.metadata)
-        params += [part for pair in query.metadata.items() for part in pair]
-        for op, bound in (("<", query.before), (">", query.after), (">", here.since)):
-            if bound is not None:
-                where.append(f"updated_at {op} ?")
-                params.append(bound)
-        if here.id is not None:  # the keyset: before (at, id), newest first
-            where.append("updated_at <= ? AND (updated_at < ? OR id < ?)")
-            params += [here.at, here.at, here.id]
-        sql = f"SELECT {_LISTED} FROM runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        rows = _all(
-            self._conn(), sql + " ORDER BY updated_at DESC, id DESC LIMIT ?", [*params, max(int(limit), 0)]
-        )
-        now = time.time()
-        out: list[RunInfo] = []
-        for row in rows:
-            owner = _holding(row[9], row[10], now)
-            out.append(
-                RunInfo(
-                    id=row[0], agent=row[1], status=row[2], first_message=row[3], created_at=row[4],
-                    updated_at=row[5], turn=int(row[6]), parent_id=row[7], root_id=row[8],
-                    lease_owner=f"{owner.host}:{owner.pid}" if owner else None,
-                    lease_expires_at=row[10] if owner else None,
-                    length=int(row[11]), inbox_len=int(row[12]), inbox_consumed=int(row[13]),
-                    metadata=orjson.loads(row[14]) if row[14] else {},
-                )
-            )  # fmt: skip
-        return out
+        return _catalog.list_runs(self._conn(), query, limit)

@@ -922,7 +922,7 @@ def test_prune_keeps_a_run_posted_to_after_the_listing_was_read(
         assert store.release(lease, at_seq=3, inbox_len=0)
     stale = store._catalog.scan()
     store.post("r1", {"type": "message", "role": "user", "content": []})  # after the listing was read
-    monkeypatch.setattr(store, "_scan", lambda: stale)
+    monkeypatch.setattr(store._catalog, "scan", lambda: stale)
     assert store.prune(timedelta(seconds=-60), dry_run=True) == ["r1", "r2"]  # what the stale listing says
     assert store.prune(timedelta(seconds=-60)) == ["r2"]  # r1 is checked again under its locks: kept
     assert store.exists("r1") and not store.exists("r2") and store.inbox_length("r1") == 1
@@ -945,7 +945,7 @@ def test_claim_next_checks_the_run_again_once_held(tmp_path: Path, monkeypatch: 
         info=state.info(),
     )
     assert store.release(lease, at_seq=3, inbox_len=0)  # a driver finished it meanwhile
-    monkeypatch.setattr(store, "_scan", lambda: stale)
+    monkeypatch.setattr(store._catalog, "scan", lambda: stale)
     assert store.claim_next(Owner.here()) is None  # claimed, found done, released
     assert store.holder("r1") is None
     store.post("r1", {"type": "message", "role": "user", "content": []})

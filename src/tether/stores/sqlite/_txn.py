@@ -32,13 +32,30 @@ def connect(path: Path, busy_timeout_ms: int) -> Connection:
     """
     conn = sqlite3.connect(path, timeout=busy_timeout_ms / 1000, isolation_level=None, factory=Connection)
     conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
-    with contextlib.closing(conn.execute("PRAGMA journal_mode = WAL")) as cur:  # kept in the file
-        mode = cur.fetchone()[0]
+    mode = _wal(conn, busy_timeout_ms / 1000)
     if str(mode).lower() != "wal":
         raise TetherError(f"{path} cannot use WAL (mode {mode}). Fix: put it on a local disk")
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
+
+
+def _wal(conn: sqlite3.Connection, timeout: float) -> str:
+    """Set WAL mode (kept in the file) and return the mode the file is in.
+
+    Turning a new file to WAL needs its exclusive lock, and SQLite answers "database is locked" at once,
+    without waiting, when another process opening the same new file holds a lock meanwhile: tried again
+    until ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with contextlib.closing(conn.execute("PRAGMA journal_mode = WAL")) as cur:
+                return str(cur.fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _code(exc: BaseException) -> int | None:

@@ -188,9 +188,12 @@ _LEFT_OUT = {
 }  # DEFAULTS with each default's class: a value of that class equal to it is left out
 
 
-def _line(body: dict[str, Any], run_id: str) -> tuple[bytes, str]:
-    rest = memoryview(orjson.dumps(body))[1:]
-    h = line_checksum(run_id, rest)
+def _line(body: dict[str, Any], hasher: Any) -> tuple[bytes, str]:
+    """The format-3 line of ``body`` and its ``h``; ``hasher`` is the run's (``_hasher``), left unchanged."""
+    rest = memoryview(_dumps(body))[1:]
+    digest = hasher.copy()
+    digest.update(rest)
+    h = binascii.b2a_base64(digest.digest(), newline=False)
     return b"".join((_PREFIX, h, b'",', rest)), h.decode()
 
 
@@ -203,11 +206,12 @@ def seal(entries: Sequence[Entry], writer: str, *, run_id: str, version: int = F
     if version < FORMAT_VERSION:
         return seal_legacy(entries, writer)
     w = short_writer(writer)
+    hasher = _hasher(run_id)  # made once for the batch
     last = len(entries) - 1
     sealed: list[Entry] = []
     for j, entry in enumerate(entries):
         body = _body(entry, run_id, w, last - j)
-        line, h = _line(body, run_id)
+        line, h = _line(body, hasher)
         del body["kind"]
         body["at"] = entry.at
         if isinstance(entry, ToolStarted):
@@ -226,25 +230,22 @@ def seal_own(entries: list[Entry], writer: str, *, run_id: str) -> list[Entry]:
     default is not takes that default, as a load makes it), without a copy. Returns ``entries``.
     """
     w = short_writer(writer)
-    hasher = _hasher(run_id)  # line_checksum's, made once for the batch
+    hasher = _hasher(run_id)  # made once for the batch
     b = len(entries)
     stamp = object.__setattr__
     for entry in entries:
         b -= 1
         nones: list[str] = []
-        rest = memoryview(_dumps(_body(entry, run_id, w, b, nones)))[1:]
-        digest = hasher.copy()
-        digest.update(rest)
-        h = binascii.b2a_base64(digest.digest(), newline=False)
+        line, h = _line(_body(entry, run_id, w, b, nones), hasher)
         stamp(entry, "w", w)
-        stamp(entry, "h", h.decode())
+        stamp(entry, "h", h)
         stamp(entry, "b", b)
         if entry.v is not None:
             stamp(entry, "v", None)
         for name in nones:
             if name != "idempotency_key" or not isinstance(entry, ToolStarted):  # seal keeps the entry's key
                 stamp(entry, name, _default_of(type(entry), name))
-        stamp(entry, "_line", b"".join((_PREFIX, h, b'",', rest)))
+        stamp(entry, "_line", line)
     return entries
 
 

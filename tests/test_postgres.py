@@ -436,24 +436,36 @@ def test_claim_next_uses_the_partial_index(db: PostgresStore, dsn: str) -> None:
     assert taken is not None and taken.run_id == "x00000"
 
 
-def test_concurrent_claim_next_never_hands_out_one_run_twice(db: PostgresStore, dsn: str) -> None:
-    for i in range(40):
-        _make(db, f"q{i:02d}")
+def _claimed_by_threads(dsn: str, threads: int, claim: Any) -> list[str]:
+    """Every run id ``claim(store)`` hands out in ``threads`` threads, each on a store of its own, claiming
+    until it gets none."""
     got: list[str] = []
     lock = threading.Lock()
 
     def claim_all() -> None:
         store = PostgresStore(dsn)
-        while (lease := store.claim_next(Owner.here())) is not None:
+        while leases := claim(store):
             with lock:
-                got.append(lease.run_id)
+                got.extend(lease.run_id for lease in leases)
         store.close()
 
-    threads = [threading.Thread(target=claim_all) for _ in range(6)]
-    for thread in threads:
+    running = [threading.Thread(target=claim_all) for _ in range(threads)]
+    for thread in running:
         thread.start()
-    for thread in threads:
+    for thread in running:
         thread.join()
+    return got
+
+
+def test_concurrent_claim_next_never_hands_out_one_run_twice(db: PostgresStore, dsn: str) -> None:
+    for i in range(40):
+        _make(db, f"q{i:02d}")
+
+    def one(store: PostgresStore) -> list[Any]:
+        lease = store.claim_next(Owner.here())
+        return [] if lease is None else [lease]
+
+    got = _claimed_by_threads(dsn, 6, one)
     assert sorted(got) == [f"q{i:02d}" for i in range(40)]
 
 
@@ -498,21 +510,7 @@ def test_claim_next_batch_retried_after_a_lost_commit_returns_its_own_claims(db:
 def test_concurrent_claim_next_batches_never_hand_out_one_run_twice(db: PostgresStore, dsn: str) -> None:
     for i in range(60):
         _make(db, f"c{i:02d}")
-    got: list[str] = []
-    lock = threading.Lock()
-
-    def claim_all() -> None:
-        store = PostgresStore(dsn)
-        while leases := store.claim_next_batch([Owner.here() for _ in range(7)]):
-            with lock:
-                got.extend(lease.run_id for lease in leases)
-        store.close()
-
-    threads = [threading.Thread(target=claim_all) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    got = _claimed_by_threads(dsn, 4, lambda store: store.claim_next_batch([Owner.here() for _ in range(7)]))
     assert sorted(got) == [f"c{i:02d}" for i in range(60)]
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from _postgres import postgres_answers
 
 from tether import Agent, FileStore, SQLiteStore, tool
 from tether import journal as j
@@ -135,19 +136,6 @@ def pg_bytes(dsn: str, turns: int) -> dict[str, float]:
     return {"per_turn": (large[0] - small[0]) / turns, "row_per_turn": (large[1] - small[1]) / turns}
 
 
-def _postgres_answers(dsn: str) -> bool:
-    import psycopg
-
-    try:
-        psycopg.connect(dsn, connect_timeout=3).close()
-    except psycopg.OperationalError as exc:
-        print(
-            f"postgres: no server at {dsn} ({str(exc).strip()[:120]}); skipped. Fix: start one, or drop --pg"
-        )
-        return False
-    return True
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=200)
@@ -166,7 +154,7 @@ def main() -> None:
         print("store       bytes/turn  (of which)")
         print(f"file        {f['per_turn']:10.0f}  listing lines {f['listing_per_turn']:.0f}; budget 800")
         print(f"sqlite      {s['per_turn']:10.0f}  entry bodies; database file {s['file_per_turn']:.0f}")
-        if args.pg and _postgres_answers(args.pg):
+        if args.pg and postgres_answers(args.pg, "start one, or drop --pg"):
             p = pg_bytes(args.pg, args.turns)
             print(
                 f"postgres    {p['per_turn']:10.0f}  entry bodies; rows (pg_column_size) {p['row_per_turn']:.0f}"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from _postgres import postgres_answers
 
 from tether import FileStore, Owner, State, Store
 from tether import journal as j
@@ -162,7 +163,7 @@ def main() -> None:
         f"{'page 2':>8}  {'status=':>8}  {'claim_next':>10}"
     )
     for kind in args.stores.split(","):
-        if kind == "postgres" and not _postgres_answers(args.pg):
+        if kind == "postgres" and not postgres_answers(args.pg, "start one, or pass --pg"):
             continue
         for count in (int(n) for n in args.runs.split(",")):
             folder = root / f"listing-{kind}-{count}"
@@ -203,19 +204,6 @@ def main() -> None:
                 flush=True,
             )
     print("budget (DESIGN 13): the newest 50 of 100,000 runs in SQLiteStore and PostgresStore under 5 ms")
-
-
-def _postgres_answers(dsn: str) -> bool:
-    import psycopg
-
-    try:
-        psycopg.connect(dsn, connect_timeout=3).close()
-    except psycopg.OperationalError as exc:
-        print(
-            f"postgres: no server at {dsn} ({str(exc).strip()[:120]}); skipped. Fix: start one, or pass --pg"
-        )
-        return False
-    return True
 
 
 def _drop_schema(dsn: str, schema: str) -> None:
